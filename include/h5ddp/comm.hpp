@@ -1,0 +1,64 @@
+// The communication interface every higher layer talks to (ddp, checkpoint, trainer). It moves raw
+// buffers described by (pointer, count, DType) so it needs neither LibTorch nor HDF5. Backends:
+// MpiComm (host memory) and NcclComm (device memory, CUDA builds).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace h5ddp {
+
+enum class DType : uint8_t { kF32, kF64, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kU64, kBool };
+
+size_t dtype_size(DType t);
+// Stable lowercase names used in files and messages: "float32", "int64", ...
+const char* dtype_name(DType t);
+// Inverse of dtype_name; throws ConfigError on an unknown name.
+DType dtype_from_name(const std::string& name);
+
+enum class ReduceOp : uint8_t { kSum, kMin, kMax };
+
+// Handle of an asynchronous operation. wait() rethrows the operation's error, if any.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  // Non-blocking completion check; also drives progress for backends that need it.
+  virtual bool test() = 0;
+};
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;
+
+  // All of the following are collective over this communicator.
+  virtual void broadcast(void* buf, size_t count, DType dtype, int root) = 0;
+  virtual void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
+  // Starts an allreduce in place and returns at once; `buf` must stay valid until wait() returns.
+  // Ranks must start asynchronous operations in the same order.
+  virtual std::unique_ptr<Work> allreduce_async(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
+  // recv holds size() * count elements, rank r's contribution at offset r * count.
+  virtual void allgather(const void* send, void* recv, size_t count, DType dtype) = 0;
+  virtual void barrier() = 0;
+
+  // Collective. True on every rank iff every rank passed the same value (one allreduce).
+  bool agree(uint64_t value);
+  // Collective. True on every rank iff `local_ok` is true on every rank.
+  bool all_ok(bool local_ok);
+  // Collective. If any rank passes a non-empty `local_error`, every rank throws DisagreementError
+  // carrying the lowest such rank's number and message (so no rank goes on into a collective alone).
+  void raise_if_any(const std::string& local_error);
+  // Collective. Throws DisagreementError on all ranks unless all ranks passed the same value;
+  // `what` names the quantity ("checkpoint step") and the message lists the values seen.
+  void require_same(int64_t value, const std::string& what);
+  // Collective. Broadcasts a string from root.
+  std::string broadcast_string(const std::string& s, int root);
+};
+
+}  // namespace h5ddp

@@ -1,0 +1,44 @@
+// Comm over MPI for host memory. Owns a duplicate of its parent communicator (never MPI_COMM_WORLD
+// itself), set to MPI_ERRORS_RETURN so failures throw MpiError. Asynchronous allreduces run on a second
+// duplicate, so they never interleave with the blocking collectives of the calling thread.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+
+#include "h5ddp/comm.hpp"
+
+namespace h5ddp {
+
+MPI_Datatype mpi_datatype(DType t);
+MPI_Op mpi_op(ReduceOp op);
+
+class MpiComm final : public Comm {
+ public:
+  // Collective over `parent`: duplicates it (twice: blocking and async traffic) and owns the duplicates.
+  static std::unique_ptr<MpiComm> dup(MPI_Comm parent);
+  ~MpiComm() override;
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+  MPI_Comm handle() const { return comm_; }
+
+  void broadcast(void* buf, size_t count, DType dtype, int root) override;
+  void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
+  // MPI_Iallreduce on the async communicator; Work::test() calls MPI_Test to drive progress.
+  std::unique_ptr<Work> allreduce_async(void* buf, size_t count, DType dtype, ReduceOp op) override;
+  void allgather(const void* send, void* recv, size_t count, DType dtype) override;
+  void barrier() override;
+
+ private:
+  MpiComm() = default;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm async_comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace h5ddp

@@ -1,0 +1,135 @@
+#include "h5ddp/mpi_comm.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <vector>
+
+#include "h5ddp/error.hpp"
+#include "h5ddp/log.hpp"
+
+namespace h5ddp {
+namespace {
+
+// MPI counts are int: large buffers go in chunks of at most this many elements.
+constexpr size_t kMaxChunk = static_cast<size_t>(INT_MAX) / 2;
+
+class MpiWork final : public Work {
+ public:
+  explicit MpiWork(std::vector<MPI_Request> reqs) : reqs_(std::move(reqs)) {}
+  ~MpiWork() override {
+    // A Work dropped without wait() still must complete: the buffer belongs to the caller.
+    if (!done_) {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+    }
+  }
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    H5DDP_CHECK_MPI(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE));
+  }
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    H5DDP_CHECK_MPI(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE));
+    done_ = flag != 0;
+    return done_;
+  }
+
+ private:
+  std::vector<MPI_Request> reqs_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+MPI_Datatype mpi_datatype(DType t) {
+  switch (t) {
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kF64: return MPI_DOUBLE;
+    case DType::kI64: return MPI_INT64_T;
+    case DType::kI32: return MPI_INT32_T;
+    case DType::kI16: return MPI_INT16_T;
+    case DType::kI8: return MPI_INT8_T;
+    case DType::kU8: return MPI_UINT8_T;
+    case DType::kU64: return MPI_UINT64_T;
+    case DType::kBool: return MPI_UINT8_T;
+    case DType::kF16: case DType::kBF16: return MPI_UINT16_T;  // bytes only: not reducible over MPI
+  }
+  throw ConfigError("no MPI datatype for dtype");
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+  }
+  throw ConfigError("unknown reduce op");
+}
+
+std::unique_ptr<MpiComm> MpiComm::dup(MPI_Comm parent) {
+  std::unique_ptr<MpiComm> c(new MpiComm());
+  H5DDP_CHECK_MPI(MPI_Comm_dup(parent, &c->comm_));
+  H5DDP_CHECK_MPI(MPI_Comm_set_errhandler(c->comm_, MPI_ERRORS_RETURN));
+  H5DDP_CHECK_MPI(MPI_Comm_dup(parent, &c->async_comm_));
+  H5DDP_CHECK_MPI(MPI_Comm_set_errhandler(c->async_comm_, MPI_ERRORS_RETURN));
+  H5DDP_CHECK_MPI(MPI_Comm_rank(c->comm_, &c->rank_));
+  H5DDP_CHECK_MPI(MPI_Comm_size(c->comm_, &c->size_));
+  return c;
+}
+
+MpiComm::~MpiComm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;  // too late to free; MPI already released everything
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (async_comm_ != MPI_COMM_NULL) MPI_Comm_free(&async_comm_);
+}
+
+void MpiComm::broadcast(void* buf, size_t count, DType dtype, int root) {
+  auto* p = static_cast<char*>(buf);
+  const size_t es = dtype_size(dtype);
+  for (size_t off = 0; off < count || (count == 0 && off == 0); off += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, count - off));
+    H5DDP_CHECK_MPI(MPI_Bcast(p + off * es, n, mpi_datatype(dtype), root, comm_));
+    if (count == 0) break;
+  }
+}
+
+void MpiComm::allreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
+  H5DDP_CHECK(dtype != DType::kF16 && dtype != DType::kBF16, "MPI allreduce of 16-bit floats is not supported");
+  auto* p = static_cast<char*>(buf);
+  const size_t es = dtype_size(dtype);
+  for (size_t off = 0; off < count || (count == 0 && off == 0); off += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, count - off));
+    H5DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, p + off * es, n, mpi_datatype(dtype), mpi_op(op), comm_));
+    if (count == 0) break;
+  }
+}
+
+std::unique_ptr<Work> MpiComm::allreduce_async(void* buf, size_t count, DType dtype, ReduceOp op) {
+  H5DDP_CHECK(dtype != DType::kF16 && dtype != DType::kBF16, "MPI allreduce of 16-bit floats is not supported");
+  auto* p = static_cast<char*>(buf);
+  const size_t es = dtype_size(dtype);
+  std::vector<MPI_Request> reqs;
+  for (size_t off = 0; off < count || (count == 0 && off == 0); off += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, count - off));
+    MPI_Request r;
+    H5DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, p + off * es, n, mpi_datatype(dtype), mpi_op(op), async_comm_, &r));
+    reqs.push_back(r);
+    if (count == 0) break;
+  }
+  return std::make_unique<MpiWork>(std::move(reqs));
+}
+
+void MpiComm::allgather(const void* send, void* recv, size_t count, DType dtype) {
+  H5DDP_CHECK(count <= kMaxChunk, "allgather of more than 2^30 elements per rank");
+  H5DDP_CHECK_MPI(MPI_Allgather(send, static_cast<int>(count), mpi_datatype(dtype), recv, static_cast<int>(count),
+                                mpi_datatype(dtype), comm_));
+}
+
+void MpiComm::barrier() { H5DDP_CHECK_MPI(MPI_Barrier(comm_)); }
+
+}  // namespace h5ddp

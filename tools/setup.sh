@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs every Debian package h5ddp needs (only the missing ones), then configures and builds
+# (Release) into ${H5DDP_BUILD_DIR:-build}. Idempotent: on a built tree it takes seconds.
+#   tools/setup.sh              install + build
+#   H5DDP_WITH_CUDA=ON tools/setup.sh   also build the CUDA/NCCL configuration into build-cuda
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  g++ make cmake pkg-config
+  openmpi-bin libopenmpi-dev
+  libhdf5-openmpi-dev hdf5-tools
+  libtorch-dev
+  libboost-program-options-dev
+  libgtest-dev libbenchmark-dev
+  libfmt-dev libxxhash-dev zlib1g-dev
+  dataset-fashion-mnist
+  python3-torch python3-h5py
+  slurm-wlm munge
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+build="${H5DDP_BUILD_DIR:-build}"
+jobs="${H5DDP_JOBS:-$(nproc)}"
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release
+fi
+cmake --build "$build" -j "$jobs"
+
+if [ "${H5DDP_WITH_CUDA:-OFF}" = "ON" ]; then
+  if [ ! -f build-cuda/CMakeCache.txt ]; then
+    cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DH5DDP_WITH_CUDA=ON -DH5DDP_BUILD_BENCHMARKS=OFF
+  fi
+  # Compile and link only: the CUDA/NCCL code and the gpu-labelled tests.
+  cmake --build build-cuda -j "$jobs"
+fi
+echo "setup: built in $build"
