@@ -1,0 +1,30 @@
+"""Watchdog end to end: one rank stalls instead of entering a collective; the job must end by MPI_Abort
+within a bounded time with a message naming host, rank and the stalled operation. Argument: rank count."""
+import sys
+
+import faultlib as fl
+
+NP = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+WATCHDOG = 2.0
+
+
+def test_stalled_rank_aborts_job():
+    r = fl.mpirun(NP, [fl.tool("h5ddp_watchdog_stall"), "--watchdog-seconds", str(WATCHDOG),
+                       "--stall-seconds", "120", "--stall-step", "2"], timeout=60)
+    fl.check(r.rc != 0, f"job with a stalled rank exited 0: {r}")
+    fl.check("has not completed after" in r.err and "watchdog" in r.err, f"no watchdog message: {r}")
+    fl.check("rank " in r.err and "step 2" in r.err, f"message does not name rank and stalled operation: {r}")
+    # The stall is 120 s: ending well before that means the watchdog, not the sleep, ended the job.
+    fl.check(r.seconds < WATCHDOG + 30, f"abort took {r.seconds:.1f}s")
+    return f"aborted after {r.seconds:.1f}s"
+
+
+def test_healthy_job_completes():
+    r = fl.mpirun(NP, [fl.tool("h5ddp_watchdog_stall"), "--watchdog-seconds", str(WATCHDOG),
+                       "--stall-step", "-1", "--steps", "50"], timeout=60)
+    fl.check(r.rc == 0 and "completed 50 steps" in r.out, f"healthy job failed: {r}")
+    fl.check("watchdog" not in r.err, f"watchdog fired on a healthy job: {r}")
+
+
+if __name__ == "__main__":
+    sys.exit(fl.main([test_stalled_rank_aborts_job, test_healthy_job_completes]))
