@@ -1,0 +1,10 @@
+# Tests on a real, private one-node Slurm (tests/slurm/local_slurm.sh starts and stops it by PID).
+# They need root (slurmd) and Debian's slurm-wlm + munge; they share one lock so that two clusters never
+# compete for the CPUs of a small CI machine (timing of the preemption test).
+set(H5DDP_SLURM_DIR ${CMAKE_CURRENT_SOURCE_DIR}/slurm)
+
+if(TARGET h5ddp-env)
+  h5ddp_add_script_test(NAME slurm.discovery LABELS slurm TIMEOUT 180
+    COMMAND bash ${H5DDP_SLURM_DIR}/discovery_test.sh $<TARGET_FILE:h5ddp-env>)
+  set_tests_properties(slurm.discovery PROPERTIES RESOURCE_LOCK h5ddp_slurm SKIP_RETURN_CODE 77)
+endif()
