@@ -1,0 +1,105 @@
+// TrainState <-> one parallel HDF5 file (docs/FORMAT.md). Torch-free: tensors arrive as TensorRef views.
+// save: plan -> agree -> create <name>.h5.partial with MPI-IO -> every rank writes its share -> close ->
+// fsync -> rename -> fsync dir -> move `latest` -> retention. load: manifest -> compare with the caller's
+// refs -> read (share + exchange, or every rank reads all) -> verify checksums.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "h5ddp/comm.hpp"
+#include "h5ddp/train_state.hpp"
+
+namespace h5ddp {
+
+struct SaveOptions {
+  bool fsync = true;     // fsync the file (every rank) and the directory before and after the rename
+  int keep_last = 0;     // retention: keep the K newest ckpt-<step>.h5 (0 = keep all)
+  int keep_every = 0;    // retention: also keep every file whose step is a multiple of M (0 = none)
+  std::string name;      // file name in run_dir; default "ckpt-%08lld.h5" of counters.step (".h5" added if missing)
+  bool update_latest = true;  // move run_dir/latest to this file
+};
+
+struct SaveResult {
+  std::string path;              // committed file
+  uint64_t bytes = 0;            // tensor bytes written by all ranks together
+  uint64_t bytes_this_rank = 0;  // tensor bytes this rank wrote
+  double seconds = 0;            // wall time of the whole save on this rank
+  int collective_writes = 0;     // datasets written with a collective transfer that HDF5 confirmed collective
+  int independent_writes = 0;    // datasets (or parts) this rank wrote independently
+};
+
+// Collective. Writes run_dir/<name>.partial with MPI-IO, commits it (close, fsync, rename, fsync dir), moves
+// run_dir/latest atomically, then applies retention. Every rank contributes its own state.rng as row `rank`
+// of /rng. Ranks must agree on step and on every dataset's name/dtype/shape, and replicated tensors must be
+// bit-identical on all ranks; otherwise DisagreementError on every rank and no file. I/O errors:
+// CheckpointError/H5Error on every rank, the partial file removed, previous checkpoint and latest untouched.
+SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::string& run_dir,
+                           const SaveOptions& options = {});
+
+struct TensorInfo {
+  std::string name;  // state-dict key (model) or "<param>/<key>" (optimizer state)
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  uint64_t checksum = 0;
+  size_t nbytes() const;
+};
+
+struct CheckpointManifest {
+  std::string path;
+  int format_version = 0;
+  int64_t step = 0;
+  int world_size = 0;
+  std::string h5ddp_version, torch_version, created;
+  std::string optimizer_type;
+  std::vector<ParamGroup> param_groups;
+  std::vector<TensorInfo> model, optimizer_state;  // in name order
+  size_t rng_cpu_bytes = 0, rng_cuda_bytes = 0;    // per rank
+  uint64_t tensor_bytes = 0;                       // model + optimizer state
+};
+
+// Collective. Reads only metadata (rank 0 reads, HDF5 broadcasts): lets the caller allocate optimizer
+// state before load_checkpoint. Throws CheckpointError naming the file for a non-HDF5 file, a non-h5ddp
+// file or an unsupported format version.
+CheckpointManifest read_manifest(Comm& comm, const std::string& path);
+
+enum class LoadStrategy {
+  kShareExchange,   // each rank reads a contiguous share of the bytes, then ranks broadcast what they read
+  kEveryRankReads,  // every rank reads every byte itself
+};
+
+struct LoadOptions {
+  bool verify_checksums = true;
+  LoadStrategy strategy = LoadStrategy::kShareExchange;  // default chosen by docs/BENCHMARKS.md "## Checkpoint"
+};
+
+// Collective. Verifies format version, checksums, and that state.model / state.optimizer.state refs match the
+// file exactly (missing key, extra key, shape, dtype: ONE CheckpointError listing ALL differences, naming the
+// file, dataset and rank); then fills the refs' memory, counters, data, scheduler, optimizer groups/type,
+// rng_by_rank (and rng = row `rank` when rank < saved world size), saved_world_size, meta.
+// On error, the refs' memory may have been partly overwritten.
+void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, const LoadOptions& options = {});
+
+// Collective. Newest checkpoint in run_dir that verifies: `latest` first, else the newest valid ckpt-*.h5 with
+// a warning naming what was wrong; std::nullopt when there is none (a fresh run must not fail). Checksums are
+// verified in parallel (each rank hashes a share of the datasets).
+std::optional<std::string> find_resume_checkpoint(Comm& comm, const std::string& run_dir);
+
+// Collective. Full verification of one file (structure + every checksum), datasets shared among ranks.
+// Returns the problems found (empty = valid), the same list on every rank.
+std::vector<std::string> verify_checkpoint_collective(Comm& comm, const std::string& path);
+
+// Non-collective, single process (for h5ddp-ckpt verify): recompute every checksum, check structure against
+// docs/FORMAT.md. Never throws for a bad file: every problem goes into the report.
+struct VerifyReport {
+  bool ok = false;
+  std::vector<std::string> problems;  // each names the file and the dataset
+};
+VerifyReport verify_checkpoint_file(const std::string& path);
+
+// Non-collective. Manifest of a file opened by this process alone (tools). Throws like read_manifest.
+CheckpointManifest read_manifest_serial(const std::string& path);
+
+}  // namespace h5ddp

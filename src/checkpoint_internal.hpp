@@ -1,0 +1,104 @@
+// Private pieces shared by the checkpoint sources: the write/read plan (pure: which dataset, which rows,
+// which rank), hashing, collective error propagation, the MPI communicator behind a Comm, fault injection.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <list>
+#include <string>
+#include <vector>
+
+#include "h5ddp/checkpoint.hpp"
+#include "h5ddp/comm.hpp"
+#include "h5ddp/h5.hpp"
+#include "h5ddp/train_state.hpp"
+
+namespace h5ddp::ckpt {
+
+// One dataset of a checkpoint as the writer or reader sees it.
+struct DatasetPlan {
+  std::string path;             // absolute HDF5 path (built with format.hpp helpers)
+  DType dtype = DType::kU8;
+  std::vector<int64_t> shape;   // empty = scalar
+  size_t string_size = 0;       // > 0: fixed-length string dataset of `shape[0]` elements of this size
+  const void* src = nullptr;    // save: this rank's full copy of the bytes (C order)
+  void* dst = nullptr;          // load: where the bytes go
+  uint64_t checksum = 0;
+
+  size_t nbytes() const;
+  size_t rows() const;          // shape[0], 1 for a scalar
+  size_t row_bytes() const;     // nbytes() / rows(), 0 when empty
+  h5::Handle file_type() const;
+};
+
+// Rows [row_begin, row_end) of plan entry `index` handled by `rank`.
+struct Segment {
+  size_t index = 0;
+  int rank = 0;
+  uint64_t row_begin = 0, row_end = 0;
+};
+
+// Pure. Splits the concatenated bytes of `datasets` into `world` contiguous shares at row granularity; returns
+// the non-empty segments in dataset order (and rank order within a dataset). Every row belongs to one segment.
+std::vector<Segment> compute_segments(const std::vector<DatasetPlan>& datasets, int world);
+// Pure. Assigns each whole dataset to one rank, greedily balancing bytes (used to share checksum work).
+std::vector<int> assign_whole_datasets(const std::vector<DatasetPlan>& datasets, int world);
+
+// The full save plan of one rank: datasets in a fixed order plus the storage of the small ones.
+struct SavePlan {
+  std::vector<DatasetPlan> datasets;
+  std::list<std::vector<uint8_t>> storage;  // bytes of small datasets (counters, names, gathered rng rows)
+  uint64_t structure_hash = 0;              // names, dtypes, shapes, attributes: must agree across ranks
+};
+// Collective (allgathers the rng rows). Builds the plan and computes every checksum.
+SavePlan make_save_plan(Comm& comm, const TrainState& state);
+
+uint64_t hash_bytes(const void* data, size_t n);
+
+// Collective. If any rank passes a non-empty message, every rank throws CheckpointError carrying the lowest
+// such rank's message (so no rank goes on into a collective alone).
+void throw_if_any(Comm& comm, const std::string& local_error);
+// `message` without this process's leading "[host rank r/N] " tag (re-added once by whoever rethrows).
+std::string strip_process_tag(const std::string& message);
+// Runs f(), returning its exception message without the process tag ("" when it succeeded).
+// For use before throw_if_any, so that no rank leaves a collective sequence alone.
+template <class F>
+std::string capture_error(F&& f) {
+  try {
+    f();
+    return {};
+  } catch (const std::exception& e) {
+    return strip_process_tag(e.what());
+  }
+}
+
+// The MPI communicator behind `comm` (an MpiComm); for other backends a duplicate of MPI_COMM_WORLD when
+// comm spans the world in the same rank order. Throws ConfigError otherwise.
+MPI_Comm mpi_comm_of(Comm& comm);
+
+// Test-only hook (issue 9): H5DDP_FAULT_INJECT=<phase>:<rank|all> raises SIGKILL on the named rank(s)
+// when the save reaches `phase` (before_data, mid_data, before_rename, before_latest).
+void maybe_inject_fault(const char* phase, int rank);
+
+// Opens a checkpoint for reading: collectively with MPI-IO (comm != nullptr) or by this process alone.
+// Throws CheckpointError for a missing, non-HDF5, non-h5ddp or unsupported-version file.
+h5::Handle open_checkpoint(Comm* comm, const std::string& path);
+// Reads the manifest from an open file (collective when the file was opened collectively).
+CheckpointManifest read_manifest_from(hid_t file, const std::string& path);
+// Every dataset the manifest says the file holds (tensors, names, counters, rng), dst/src unset.
+std::vector<DatasetPlan> manifest_datasets(hid_t file, const CheckpointManifest& m);
+
+// Selects rows [begin, end) (dimension 0) of a dataspace of `shape`; all of a scalar; nothing when begin == end.
+void select_rows(hid_t space, const std::vector<int64_t>& shape, uint64_t begin, uint64_t end);
+// Reads rows [row_begin, row_end) of `d` into `buf` (which receives row_begin first), with the given transfer list.
+void read_rows(hid_t dset, const DatasetPlan& d, uint64_t row_begin, uint64_t row_end, void* buf, hid_t dxpl);
+// Verifies one dataset's checksum by streaming it through a bounded buffer; returns "" or the problem.
+std::string verify_dataset(hid_t file, const DatasetPlan& d, const std::string& file_path);
+// Checks that the file holds no object outside docs/FORMAT.md's layout; returns the problems.
+std::vector<std::string> unexpected_objects(hid_t file, const std::vector<DatasetPlan>& expected,
+                                            const std::string& file_path);
+
+std::string shape_string(const std::vector<int64_t>& shape);
+
+}  // namespace h5ddp::ckpt

@@ -1,0 +1,241 @@
+// load_checkpoint: compare the file with the caller's refs, read (share + exchange, or every rank reads
+// everything), verify checksums (each dataset by one rank), fill the TrainState.
+#include <cstring>
+#include <map>
+
+#include "checkpoint_internal.hpp"
+#include "h5ddp/error.hpp"
+#include "h5ddp/format.hpp"
+#include "h5ddp/log.hpp"
+
+namespace h5ddp {
+namespace {
+
+using ckpt::DatasetPlan;
+
+std::string describe(DType dtype, const std::vector<int64_t>& shape) {
+  return std::string(dtype_name(dtype)) + " " + ckpt::shape_string(shape);
+}
+
+// Every difference between the refs and the file, one line each ("" when they match exactly).
+std::string compare_refs(const std::string& what, const std::string& group, const std::vector<TensorRef>& refs,
+                         const std::vector<TensorInfo>& found, bool optimizer) {
+  std::map<std::string, const TensorInfo*> in_file;
+  for (const auto& t : found) in_file[t.name] = &t;
+  std::string out;
+  for (const auto& r : refs) {
+    const std::string path = group + "/" + r.name;
+    auto it = in_file.find(r.name);
+    if (it == in_file.end()) {
+      out += "\n  missing in file: " + path + " (expected " + describe(r.dtype, r.shape) + ")";
+      continue;
+    }
+    const TensorInfo& t = *it->second;
+    if (t.dtype != r.dtype || t.shape != r.shape)
+      out += "\n  " + path + ": expected " + describe(r.dtype, r.shape) + ", found " + describe(t.dtype, t.shape);
+    else if (r.nbytes() > 0 && r.data == nullptr)
+      out += "\n  " + path + ": the destination has no memory";
+    in_file.erase(it);
+  }
+  for (const auto& [name, t] : in_file)
+    out += "\n  not in the " + what + ": " + group + "/" + name + " (" + describe(t->dtype, t->shape) + ")";
+  (void)optimizer;
+  return out;
+}
+
+std::vector<DatasetPlan> load_plan(const std::vector<TensorRef>& refs, const std::vector<TensorInfo>& found,
+                                   bool optimizer) {
+  std::map<std::string, uint64_t> sums;
+  for (const auto& t : found) sums[t.name] = t.checksum;
+  std::vector<DatasetPlan> out;
+  for (const auto& r : refs) {
+    DatasetPlan d;
+    d.path = optimizer ? format::optimizer_state_dataset(r.name) : format::model_dataset(r.name);
+    d.dtype = r.dtype;
+    d.shape = r.shape;
+    d.dst = r.data;
+    d.checksum = sums.at(r.name);
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+h5::Handle open_dataset(hid_t f, const std::string& path) {
+  return h5::dataset(H5Dopen2(f, path.c_str(), H5P_DEFAULT));
+}
+
+// Reads the tensors with the chosen strategy; on return (without exception) every rank holds every byte.
+void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, LoadStrategy strategy,
+                  const std::string& path) {
+  const int rank = comm.rank(), world = comm.size();
+  std::string error;
+  h5::Handle coll = h5::transfer(true), indep = h5::transfer(false);
+  if (strategy == LoadStrategy::kEveryRankReads) {
+    for (const auto& d : plan) {
+      if (d.nbytes() == 0 || !error.empty()) continue;
+      error = ckpt::capture_error([&] {
+        with_context("reading " + d.path + " from " + path, [&] {
+          h5::SilenceErrors quiet;
+          h5::Handle ds = open_dataset(f, d.path);
+          ckpt::read_rows(ds, d, 0, d.rows(), d.dst, indep);
+        });
+      });
+    }
+    ckpt::throw_if_any(comm, error);
+    return;
+  }
+  const auto segments = ckpt::compute_segments(plan, world);
+  std::vector<int> pieces(plan.size(), 0);
+  for (const auto& s : segments) ++pieces[s.index];
+  auto at_row = [&](const DatasetPlan& d, uint64_t row) { return static_cast<char*>(d.dst) + row * d.row_bytes(); };
+  // Split datasets: one collective read each, all ranks in plan order (keep calling after an error).
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (pieces[i] < 2) continue;
+    uint64_t begin = 0, end = 0;
+    for (const auto& s : segments)
+      if (s.index == i && s.rank == rank) begin = s.row_begin, end = s.row_end;
+    std::string e = ckpt::capture_error([&] {
+      with_context("reading " + plan[i].path + " from " + path, [&] {
+        h5::SilenceErrors quiet;
+        h5::Handle ds = open_dataset(f, plan[i].path);
+        ckpt::read_rows(ds, plan[i], begin, end, at_row(plan[i], begin), coll);
+      });
+    });
+    if (error.empty()) error = e;
+  }
+  for (const auto& s : segments) {
+    if (s.rank != rank || pieces[s.index] >= 2 || !error.empty()) continue;
+    const auto& d = plan[s.index];
+    error = ckpt::capture_error([&] {
+      with_context("reading " + d.path + " from " + path, [&] {
+        h5::SilenceErrors quiet;
+        h5::Handle ds = open_dataset(f, d.path);
+        ckpt::read_rows(ds, d, s.row_begin, s.row_end, at_row(d, s.row_begin), indep);
+      });
+    });
+  }
+  ckpt::throw_if_any(comm, error);
+  if (world == 1) return;
+  for (const auto& s : segments) {
+    const auto& d = plan[s.index];
+    comm.broadcast(at_row(d, s.row_begin), (s.row_end - s.row_begin) * d.row_bytes(), DType::kU8, s.rank);
+  }
+}
+
+// Reads a small dataset whole (every rank), verifying its checksum.
+std::vector<uint8_t> read_small(hid_t f, const std::string& path, DatasetPlan* out_plan, const std::string& file) {
+  return with_context("reading " + path + " from " + file, [&] {
+    h5::SilenceErrors quiet;
+    h5::Handle ds = open_dataset(f, path);
+    DatasetPlan d;
+    d.path = path;
+    d.dtype = dtype_from_name(h5::read_attr_string(ds, format::kAttrDtype));
+    h5::Handle space = h5::dataspace(H5Dget_space(ds));
+    d.shape = h5::space_shape(space);
+    std::vector<uint8_t> buf(d.nbytes());
+    if (!buf.empty()) ckpt::read_rows(ds, d, 0, d.rows(), buf.data(), H5P_DEFAULT);
+    const uint64_t stored = h5::read_attr_uint(ds, format::kAttrChecksum);
+    if (ckpt::hash_bytes(buf.data(), buf.size()) != stored)
+      throw CheckpointError(file + ": checksum mismatch in dataset " + path);
+    if (out_plan) *out_plan = d;
+    return buf;
+  });
+}
+
+template <class T>
+T read_scalar(hid_t f, const char* path, const std::string& file) {
+  std::vector<uint8_t> b = read_small(f, path, nullptr, file);
+  if (b.size() != sizeof(T)) throw CheckpointError(file + ": dataset " + path + " has the wrong size");
+  T v;
+  std::memcpy(&v, b.data(), sizeof(T));
+  return v;
+}
+
+std::vector<RngState> read_rng(hid_t f, const CheckpointManifest& m, const std::string& file) {
+  std::vector<RngState> rows(m.world_size);
+  for (int which = 0; which < 2; ++which) {
+    const size_t n = which ? m.rng_cuda_bytes : m.rng_cpu_bytes;
+    if (which == 1 && n == 0) continue;
+    DatasetPlan d;
+    std::vector<uint8_t> all = read_small(f, which ? format::kRngCuda : format::kRngCpu, &d, file);
+    if (d.shape.size() != 2 || d.shape[0] != m.world_size)
+      throw CheckpointError(file + ": rng dataset has shape " + ckpt::shape_string(d.shape) + ", expected [" +
+                            std::to_string(m.world_size) + ", n]");
+    for (int r = 0; r < m.world_size; ++r) {
+      auto& dst = which ? rows[r].cuda : rows[r].cpu;
+      dst.assign(all.begin() + r * n, all.begin() + (r + 1) * n);
+    }
+  }
+  return rows;
+}
+
+}  // namespace
+
+void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, const LoadOptions& options) {
+  const int rank = comm.rank(), world = comm.size();
+  h5::Handle f = ckpt::open_checkpoint(&comm, path);
+  CheckpointManifest m;
+  ckpt::throw_if_any(comm, ckpt::capture_error([&] { m = ckpt::read_manifest_from(f, path); }));
+
+  std::string diff = compare_refs("model", format::kModelGroup, state.model, m.model, false) +
+                     compare_refs("optimizer state", format::kOptimizerStateGroup, state.optimizer.state,
+                                  m.optimizer_state, true);
+  if (!diff.empty()) {
+    size_t n = 0;
+    for (char c : diff) n += c == '\n';
+    diff = path + " does not match the state to load into on rank " + std::to_string(rank) + " (" +
+           std::to_string(n) + " difference" + (n == 1 ? "" : "s") + "):" + diff;
+  }
+  ckpt::throw_if_any(comm, diff);
+
+  std::vector<DatasetPlan> plan = load_plan(state.model, m.model, false);
+  for (auto& d : load_plan(state.optimizer.state, m.optimizer_state, true)) plan.push_back(std::move(d));
+  read_tensors(comm, f, plan, options.strategy, path);
+
+  std::string problems;
+  if (options.verify_checksums) {
+    const auto owner = ckpt::assign_whole_datasets(plan, world);
+    for (size_t i = 0; i < plan.size(); ++i)
+      if (owner[i] == rank && ckpt::hash_bytes(plan[i].dst, plan[i].nbytes()) != plan[i].checksum)
+        problems += "\n  checksum mismatch in dataset " + plan[i].path;
+    if (!problems.empty()) problems = path + ": corrupt data (the file's bytes do not match their xxh3):" + problems;
+  }
+  ckpt::throw_if_any(comm, problems);
+
+  TrainState loaded;
+  ckpt::throw_if_any(comm, ckpt::capture_error([&] {
+    loaded.counters.step = read_scalar<int64_t>(f, format::kTrainStep, path);
+    loaded.counters.epoch = read_scalar<int64_t>(f, format::kTrainEpoch, path);
+    loaded.counters.samples_consumed = read_scalar<int64_t>(f, format::kTrainSamplesConsumed, path);
+    loaded.data.seed = read_scalar<uint64_t>(f, format::kDataSeed, path);
+    loaded.data.epoch = read_scalar<int64_t>(f, format::kDataEpoch, path);
+    loaded.data.position = read_scalar<int64_t>(f, format::kDataPosition, path);
+    loaded.data.global_batch = read_scalar<int64_t>(f, format::kDataGlobalBatch, path);
+    loaded.rng_by_rank = read_rng(f, m, path);
+    with_context("reading " + std::string(format::kSchedulerGroup) + " from " + path, [&] {
+      h5::SilenceErrors quiet;
+      h5::Handle g = h5::group(H5Gopen2(f, format::kSchedulerGroup, H5P_DEFAULT));
+      for (const auto& a : h5::attr_names(g)) {
+        if (a == format::kAttrSchedulerType)
+          loaded.scheduler.type = h5::read_attr_string(g, a);
+        else
+          loaded.scheduler.values[a] = h5::read_attr_double(g, a);
+      }
+      h5::Handle meta = h5::group(H5Gopen2(f, format::kMetaGroup, H5P_DEFAULT));
+      for (const auto& a : h5::attr_names(meta)) loaded.meta[a] = h5::read_attr_string(meta, a);
+    });
+  }));
+  f.close();
+
+  state.counters = loaded.counters;
+  state.data = loaded.data;
+  state.scheduler = std::move(loaded.scheduler);
+  state.meta = std::move(loaded.meta);
+  state.optimizer.type = m.optimizer_type;
+  state.optimizer.groups = m.param_groups;
+  state.rng_by_rank = std::move(loaded.rng_by_rank);
+  state.saved_world_size = m.world_size;
+  if (rank < m.world_size) state.rng = state.rng_by_rank[rank];
+}
+
+}  // namespace h5ddp

@@ -1,0 +1,12 @@
+# h5ddp_io: HDF5 handles, the checkpoint format, and checkpoints (no LibTorch, no NCCL).
+h5ddp_layer(h5ddp_io
+  h5.cpp
+  format.cpp
+  checkpoint_plan.cpp
+  checkpoint_writer.cpp
+  checkpoint_commit.cpp
+  checkpoint_reader.cpp
+  checkpoint_loader.cpp
+  checkpoint_verify.cpp
+  async_checkpoint.cpp)
+target_link_libraries(h5ddp_io PUBLIC h5ddp_core HDF5::HDF5 PRIVATE h5ddp_xxhash)
