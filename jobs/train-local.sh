@@ -1,0 +1,52 @@
+#!/bin/bash
+# Data-parallel training with h5ddp on one machine without Slurm: mpirun with N ranks, same run-directory
+# and resume conventions as jobs/train.sbatch. Stop it with Ctrl-C, `kill -USR1` or `kill -TERM` of this
+# script: every rank saves a checkpoint; run the same command again to resume from it (--resume auto).
+#
+#   jobs/train-local.sh [h5ddp-train options...]          e.g. jobs/train-local.sh --epochs 3
+# Environment (all optional):
+#   H5DDP_NP          number of ranks                        default 2
+#   H5DDP_RUN_DIR     checkpoints and `latest`               default $PWD/runs/local
+#   H5DDP_TRAIN       the h5ddp-train binary                 default $PWD/build/tools/h5ddp-train
+#   H5DDP_TRAIN_ARGS  extra options (word-split), before this script's own arguments
+#   H5DDP_MPIRUN_ARGS extra mpirun options (word-split), e.g. "--oversubscribe" or "--bind-to none"
+# Exit code: h5ddp-train's; 75 means "checkpoint saved after a stop signal, run again to resume".
+set -uo pipefail
+
+np=${H5DDP_NP:-2}
+run_dir=${H5DDP_RUN_DIR:-$PWD/runs/local}
+train=${H5DDP_TRAIN:-$PWD/build/tools/h5ddp-train}
+if [ ! -x "$train" ]; then
+  echo "train-local.sh: $train is not an executable: build first (tools/setup.sh) or set H5DDP_TRAIN" >&2
+  exit 2
+fi
+mkdir -p "$run_dir"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export HDF5_USE_FILE_LOCKING=${HDF5_USE_FILE_LOCKING:-FALSE}
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+
+# Open MPI's mpirun relays USR1 to every rank; INT and TERM it would turn into a kill, so they are
+# forwarded as USR1 (save, then exit 75). The launcher runs in the background because bash runs traps
+# only after the foreground command ends.
+launcher_pid=""
+forward() {
+  echo "train-local.sh: got SIG$1, asking every rank to save" >&2
+  [ -n "$launcher_pid" ] && kill -s USR1 "$launcher_pid" 2>/dev/null
+}
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+trap 'forward INT' INT
+
+# shellcheck disable=SC2086 # the *_ARGS variables are option lists meant to be word-split
+mpirun -np "$np" ${H5DDP_MPIRUN_ARGS:-} "$train" --run-dir "$run_dir" --resume auto ${H5DDP_TRAIN_ARGS:-} "$@" &
+launcher_pid=$!
+while true; do
+  wait "$launcher_pid"
+  rc=$?
+  if [ "$rc" -gt 128 ] && kill -0 "$launcher_pid" 2>/dev/null; then continue; fi
+  break
+done
+if [ "$rc" -eq 75 ]; then
+  echo "train-local.sh: checkpoint saved in $run_dir; run the same command again to resume" >&2
+fi
+exit "$rc"
