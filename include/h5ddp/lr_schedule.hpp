@@ -1,0 +1,27 @@
+// Learning-rate schedules as pure functions of the global step, so resuming needs only the step and
+// the schedule's parameters (which the checkpoint records as SchedulerState).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "h5ddp/train_state.hpp"
+
+namespace h5ddp {
+
+struct LrSchedule {
+  std::string type = "constant";  // constant | step | cosine
+  double base_lr = 1e-3;
+  int64_t step_size = 1;          // step: multiply by gamma every step_size steps
+  double gamma = 0.1;
+  int64_t total_steps = 1;        // cosine: lr reaches 0 at total_steps
+
+  // Learning rate for the optimizer step that follows `step` completed steps.
+  double lr_at(int64_t step) const;
+  // The schedule's parameters and `step` as recorded in a checkpoint.
+  SchedulerState to_state(int64_t step) const;
+  // Inverse of to_state; throws CheckpointError on an unknown type or missing value.
+  static LrSchedule from_state(const SchedulerState& s);
+};
+
+}  // namespace h5ddp

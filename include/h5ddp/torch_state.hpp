@@ -1,0 +1,74 @@
+// The checkpoint layer's edge on the LibTorch side: TrainState views straight into a model's
+// parameters and buffers and an optimizer's per-parameter state (keyed by PARAMETER NAME, not by
+// LibTorch's pointer keys), plus the random generators' states as bytes.
+// CPU tensors are viewed in place (no copy); tensors on a device are staged through host memory.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "h5ddp/train_state.hpp"
+
+namespace h5ddp {
+
+DType to_dtype(torch::ScalarType t);
+torch::ScalarType to_scalar_type(DType t);
+
+class TorchStateBinding {
+ public:
+  // `optimizer_type` is "adam", "adamw" or "sgd" and must match the optimizer's class. The model and
+  // optimizer must outlive the binding; every optimizer parameter must be a parameter of the model.
+  TorchStateBinding(torch::nn::Module& model, torch::optim::Optimizer& optimizer, std::string optimizer_type);
+
+  // Local. Fills state.model, state.optimizer (type, groups, per-parameter state) and state.rng with
+  // views of the current values. The views stay valid until the next optimizer step or import.
+  void export_state(TrainState& state);
+
+  // Local. Prepares `state` as the destination of a load: state.model views the model's parameters
+  // and buffers; for each entry of `optimizer_entries` (name "<param>/<key>", dtype, shape, as read
+  // from a checkpoint's manifest; data ignored) the optimizer's state is allocated and viewed.
+  // Throws CheckpointError on an unknown parameter or state key, or a shape mismatch.
+  void prepare_import(const std::vector<TensorRef>& optimizer_entries, TrainState& state);
+
+  // Local. After the load filled the views: writes staged and scalar values back into the model and
+  // optimizer (Adam's step counters, device tensors).
+  void finish_import();
+
+  // The model's parameter and buffer names in registration order.
+  std::vector<std::string> tensor_names() const;
+
+ private:
+  struct Staged {
+    torch::Tensor target;  // model/optimizer tensor
+    torch::Tensor host;    // contiguous CPU copy that the TensorRef points into
+  };
+  TensorRef view(const std::string& name, torch::Tensor t);
+  std::string param_name(const torch::Tensor& p) const;
+  void export_optimizer(OptimizerState& out);
+
+  torch::nn::Module& model_;
+  torch::optim::Optimizer& optimizer_;
+  std::string type_;
+  std::vector<std::pair<std::string, torch::Tensor>> params_, buffers_;
+  std::vector<Staged> staged_;
+  std::vector<int64_t> steps_;                  // Adam step counters (int64 in LibTorch) during save/load
+  std::vector<std::string> step_params_;        // their parameter names
+};
+
+// Local. This process's generator states: the CPU default generator, and the current CUDA device's when
+// CUDA is available.
+RngState capture_rng();
+// Local. Sets the generators from `rng` (empty parts are left alone).
+void restore_rng(const RngState& rng);
+
+// Local. Restores rank `rank`'s generators after a load. With the same world size as at save, rank r
+// gets row r bit-exactly. When the world size changed (elastic): ranks r < saved size take row r;
+// ranks beyond it seed a fresh stream from (seed, rank, step). Returns true when row r was used.
+bool restore_rank_rng(const std::vector<RngState>& rows, int rank, uint64_t seed, int64_t step);
+
+// Local. Seeds this rank's generators from (seed, rank): the dropout stream of a fresh run.
+void seed_rank_rng(uint64_t seed, int rank);
+
+}  // namespace h5ddp
