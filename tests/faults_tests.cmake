@@ -11,3 +11,10 @@ foreach(np 1 2 4)
   h5ddp_add_script_test(NAME faults_watchdog.np${np} LABELS faults TIMEOUT 150 PROCESSORS ${np}
     COMMAND /usr/bin/python3 ${H5DDP_FAULTS_PY}/watchdog_test.py ${np})
 endforeach()
+
+# ---- asynchronous checkpoints (issue 8) ----------------------------------------------------------
+if(TARGET h5ddp_io)
+  h5ddp_add_test_exe(async_checkpoint_test async_checkpoint_test.cpp)
+  target_link_libraries(async_checkpoint_test PRIVATE h5ddp_io)
+  h5ddp_add_mpi_test(NAME async_checkpoint EXE async_checkpoint_test RANKS 1 2 4 LABELS unit faults TIMEOUT 120)
+endif()
