@@ -126,7 +126,7 @@ std::optional<std::string> find_resume_checkpoint(Comm& comm, const std::string&
       if (!why.empty() && comm.rank() == 0) log::warn("resuming from " + path + " instead:" + why);
       return path;
     }
-    why += "\n  " + path + (i == 0 && have_latest ? " (named by latest)" : "") + ": " + problems.front();
+    why += "\n  " + std::string(i == 0 && have_latest ? "(named by latest) " : "") + problems.front();
     if (problems.size() > 1) why += " (+" + std::to_string(problems.size() - 1) + " more problems)";
   }
   if (!why.empty() && comm.rank() == 0) log::warn("no valid checkpoint in " + run_dir + ":" + why);

@@ -137,12 +137,12 @@ std::vector<std::string> verify_checkpoint_collective(Comm& comm, const std::str
   for (size_t i = 0; i < datasets.size(); ++i) {
     if (owner[i] != comm.rank()) continue;
     std::string p = ckpt::verify_dataset(f, datasets[i], path);
-    if (!p.empty()) mine += p + "\n";
+    if (!p.empty()) mine += p + '\0';  // problems may span lines
   }
   for (int r = 0; r < comm.size(); ++r) {
     std::string theirs = comm.broadcast_string(mine, r);
     for (size_t pos = 0; pos < theirs.size();) {
-      const size_t nl = theirs.find('\n', pos);
+      const size_t nl = theirs.find('\0', pos);
       problems.push_back(theirs.substr(pos, nl - pos));
       pos = nl + 1;
     }

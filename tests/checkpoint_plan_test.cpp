@@ -1,0 +1,93 @@
+// The pure parts of the checkpoint plan: byte shares at row granularity, whole-dataset assignment, names.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "checkpoint_internal.hpp"
+#include "h5ddp/error.hpp"
+#include "h5ddp/format.hpp"
+
+using namespace h5ddp;
+using ckpt::DatasetPlan;
+
+namespace {
+
+DatasetPlan ds(std::vector<int64_t> shape, DType t = DType::kF32) {
+  DatasetPlan d;
+  d.dtype = t;
+  d.shape = std::move(shape);
+  return d;
+}
+
+std::vector<DatasetPlan> mixed() {
+  return {ds({1000, 64}), ds({}), ds({0, 3}), ds({7}, DType::kF64), ds({1, 4096}), ds({3, 5}, DType::kI8),
+          ds({250, 3}, DType::kF16)};
+}
+
+TEST(Segments, CoverEveryRowExactlyOnceInRankOrder) {
+  const auto plan = mixed();
+  for (int world : {1, 2, 3, 4, 7, 64}) {
+    const auto segs = ckpt::compute_segments(plan, world);
+    std::map<size_t, uint64_t> next_row;
+    int last_rank = 0;
+    std::vector<uint64_t> bytes(world, 0);
+    for (const auto& s : segs) {
+      EXPECT_LT(s.row_begin, s.row_end);
+      EXPECT_EQ(s.row_begin, next_row[s.index]) << "rows must be contiguous, world " << world;
+      next_row[s.index] = s.row_end;
+      EXPECT_GE(s.rank, last_rank) << "shares are contiguous in dataset order";
+      last_rank = s.rank;
+      bytes[s.rank] += (s.row_end - s.row_begin) * plan[s.index].row_bytes();
+    }
+    uint64_t total = 0, max_row = 0;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      total += plan[i].nbytes();
+      max_row = std::max<uint64_t>(max_row, plan[i].row_bytes());
+      if (plan[i].nbytes() > 0) {
+        EXPECT_EQ(next_row[i], plan[i].rows()) << i;
+      }
+    }
+    for (int r = 0; r < world; ++r)  // balanced up to one row at each end of a share
+      EXPECT_LE(bytes[r], total / world + 2 * max_row) << "rank " << r << " of " << world;
+  }
+}
+
+TEST(Segments, OneLargeTensorIsSplitAmongAllRanks) {
+  const auto segs = ckpt::compute_segments({ds({1024, 256})}, 4);
+  ASSERT_EQ(segs.size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(segs[r].rank, r);
+    EXPECT_EQ(segs[r].row_end - segs[r].row_begin, 256u);
+  }
+}
+
+TEST(Segments, ScalarsAndEmptyTensors) {
+  const auto segs = ckpt::compute_segments({ds({}), ds({0}), ds({}, DType::kI64)}, 3);
+  ASSERT_EQ(segs.size(), 2u);  // the empty tensor has no rows to write
+  EXPECT_EQ(segs[0].index, 0u);
+  EXPECT_EQ(segs[1].index, 2u);
+}
+
+TEST(WholeDatasets, BalanceBytes) {
+  std::vector<DatasetPlan> plan = {ds({100}), ds({100}), ds({50}), ds({50}), ds({1})};
+  auto owner = ckpt::assign_whole_datasets(plan, 2);
+  uint64_t load[2] = {0, 0};
+  for (size_t i = 0; i < plan.size(); ++i) load[owner[i]] += plan[i].nbytes();
+  EXPECT_LE(std::max(load[0], load[1]) - std::min(load[0], load[1]), 4u);
+}
+
+TEST(Format, NamesAndSteps) {
+  EXPECT_EQ(format::model_dataset("features.0.weight"), "/model/features.0.weight");
+  EXPECT_THROW(format::model_dataset("module.fc.weight"), CheckpointError);
+  EXPECT_THROW(format::model_dataset("a/b"), CheckpointError);
+  EXPECT_EQ(format::optimizer_state_dataset("fc.weight/exp_avg"), "/optimizer/state/fc.weight/exp_avg");
+  EXPECT_EQ(format::optimizer_state_entry("/optimizer/state/fc.weight/exp_avg"), "fc.weight/exp_avg");
+  EXPECT_THROW(format::optimizer_state_dataset("exp_avg"), CheckpointError);
+  EXPECT_EQ(format::checkpoint_file_name(200), "ckpt-00000200.h5");
+  EXPECT_EQ(format::checkpoint_step_from_name("ckpt-00000200.h5"), 200);
+  EXPECT_EQ(format::checkpoint_step_from_name("ckpt-00000200.h5.partial"), -1);
+  EXPECT_EQ(format::checkpoint_step_from_name("ckpt-.h5"), -1);
+  EXPECT_EQ(format::checkpoint_step_from_name("latest"), -1);
+}
+
+}  // namespace

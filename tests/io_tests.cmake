@@ -1,0 +1,12 @@
+# Tests of the h5ddp_io layer (h5 handles, checkpoint plan, checkpoints, h5ddp-ckpt).
+h5ddp_add_test_exe(h5_test h5_test.cpp)
+target_link_libraries(h5_test PRIVATE h5ddp_io)
+h5ddp_add_mpi_test(NAME h5 EXE h5_test RANKS 1 LABELS unit TIMEOUT 60)
+
+h5ddp_add_test_exe(checkpoint_plan_test checkpoint_plan_test.cpp)
+target_link_libraries(checkpoint_plan_test PRIVATE h5ddp_io)
+h5ddp_add_mpi_test(NAME checkpoint_plan EXE checkpoint_plan_test RANKS 1 LABELS unit TIMEOUT 60)
+
+h5ddp_add_test_exe(checkpoint_test checkpoint_test.cpp)
+target_link_libraries(checkpoint_test PRIVATE h5ddp_io)
+h5ddp_add_mpi_test(NAME checkpoint EXE checkpoint_test RANKS 1 2 4 LABELS unit TIMEOUT 180)
