@@ -1,0 +1,30 @@
+// Gradient bucket assignment for DistributedDataParallel: a pure function, tested without communication
+// (the shape of c10d's compute_bucket_assignment_by_size). Needs no LibTorch.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+namespace h5ddp {
+
+// The first bucket is small so its allreduce starts early in backward; later ones are capped so that
+// communication starts before backward ends while each message is still large enough to be efficient.
+constexpr size_t kFirstBucketBytes = size_t{1} << 20;
+constexpr size_t kBucketBytesCap = size_t{25} << 20;
+
+struct BucketSpec {
+  std::vector<size_t> params;  // indices into the input list, in the order their gradients should be ready
+  size_t bytes = 0;            // sum of the params' byte sizes
+};
+
+// Assigns tensors (given in parameter registration order) to buckets. Tensors are taken in REVERSE order,
+// since gradients become ready roughly back to front, and a bucket never mixes tensors of different
+// `group_key` (dtype/device). Per key, the first bucket holds at most `first_bucket_bytes`, later ones at
+// most `bucket_cap_bytes`; a bucket exceeds its limit only when it holds one tensor larger than the limit.
+// Buckets are returned in launch order: ordered by the position of their first tensor in the reversed
+// list. Every index appears in exactly one bucket; zero-byte tensors still get a place. Pure, not collective.
+std::vector<BucketSpec> assign_buckets(const std::vector<size_t>& nbytes, const std::vector<int>& group_key,
+                                       size_t first_bucket_bytes = kFirstBucketBytes,
+                                       size_t bucket_cap_bytes = kBucketBytesCap);
+
+}  // namespace h5ddp

@@ -1,0 +1,130 @@
+// DistributedDataParallel for LibTorch modules: the C++ counterpart of torch.nn.parallel.DDP.
+// Gradients are averaged over ranks in buckets (see bucketing.hpp); each bucket's allreduce starts as soon
+// as autograd has produced all of its gradients, so communication overlaps the rest of backward.
+//
+//   DistributedDataParallel ddp(model, comm);
+//   for (...) { ddp.prepare_forward(); auto loss = f(model->forward(x)); loss.backward();
+//               ddp.finish_backward(); optimizer.step(); optimizer.zero_grad(); }
+//
+// Backend by tensor device: CPU parameters are reduced through the constructor's `comm` (MpiComm); CUDA
+// parameters through `DdpOptions::device_comm` (an NcclComm over device buffers). Control traffic (model
+// check, unused-parameter agreement) always uses `comm`. Talks to Comm only, never to MPI or NCCL.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "h5ddp/bucketing.hpp"
+#include "h5ddp/comm.hpp"
+
+namespace h5ddp {
+
+struct DdpOptions {
+  size_t first_bucket_bytes = kFirstBucketBytes;
+  size_t bucket_cap_bytes = kBucketBytesCap;
+  // Broadcast buffers (e.g. BatchNorm running statistics) from rank 0 in every synchronised prepare_forward.
+  bool broadcast_buffers = true;
+  // false: a parameter that got no gradient in a synchronised step is an error naming it (raised on all
+  //        ranks, after the step's collectives completed, so nothing hangs).
+  // true:  such a parameter contributes its current .grad (zeros if undefined) on that rank, like PyTorch's
+  //        find_unused_parameters; one extra small allreduce per step finds parameters unused on every
+  //        rank, whose undefined .grad is then left undefined.
+  bool find_unused_parameters = false;
+  // Communicator for CUDA parameters (an NcclComm); required iff the module has CUDA parameters. Not owned.
+  Comm* device_comm = nullptr;
+};
+
+class DistributedDataParallel {
+ public:
+  // Collective: checks every rank built the same model (names, shapes, dtypes; DisagreementError naming the
+  // first differing parameter and the ranks, on ALL ranks), broadcasts parameters and buffers from rank 0,
+  // builds buckets, registers autograd hooks. `comm` must outlive this object.
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, Comm& comm, DdpOptions options = {});
+  // Removes the autograd hooks. Not collective. Does not throw.
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  torch::nn::Module& module() { return *module_; }
+  const std::shared_ptr<torch::nn::Module>& module_ptr() const { return module_; }
+
+  // Collective when broadcast_buffers (outside no_sync): broadcasts buffers from rank 0. Arms the reducer
+  // for the coming backward. Call before every forward whose backward should synchronise.
+  void prepare_forward();
+  // Collective (outside no_sync): launches the buckets not yet launched, waits for every bucket, and sets
+  // .grad of every parameter to the average over ranks. Inside no_sync: does nothing.
+  void finish_backward();
+
+  // RAII scope in which gradients accumulate locally with no communication (gradient accumulation). The
+  // first synchronised step after it reduces the accumulated .grad, as PyTorch's no_sync does.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp);
+    ~NoSync();
+    NoSync(NoSync&& other) noexcept;
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    NoSync& operator=(NoSync&&) = delete;
+
+   private:
+    DistributedDataParallel* ddp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+  bool in_no_sync() const { return no_sync_; }
+
+  // The synchronised parameters (requires_grad), in registration order; buckets() index into them.
+  const std::vector<torch::Tensor>& parameters() const { return params_; }
+  const std::vector<std::string>& parameter_names() const { return param_names_; }
+  const std::vector<BucketSpec>& buckets() const { return buckets_; }
+
+  struct Stats {
+    size_t steps = 0;                  // synchronised finish_backward calls
+    size_t buckets_launched = 0;       // all launches
+    size_t buckets_launched_in_backward = 0;  // launched from autograd hooks (could overlap backward)
+    size_t bytes_reduced = 0;
+    double comm_wait_seconds = 0;      // time finish_backward spent waiting for allreduces
+    double finish_seconds = 0;         // total time in finish_backward (wait + launch + average + copy)
+    double broadcast_seconds = 0;      // buffer broadcasts in prepare_forward
+  };
+  const Stats& stats() const { return stats_; }
+  void reset_stats() { stats_ = Stats{}; }
+
+  // Internal (called from the autograd hook): parameter `index` has its gradient accumulated.
+  void on_grad_ready(size_t index);
+
+ private:
+  struct Bucket;
+  void check_same_model();
+  void build_buckets();
+  void launch_ready_buckets(bool from_hook);
+  void launch(size_t b, bool from_hook);
+  void drive_progress();
+  Comm& comm_for(const torch::Device& device) const;
+  void raise_unused(const std::vector<size_t>& unused_local);
+
+  std::shared_ptr<torch::nn::Module> module_;
+  Comm& comm_;
+  DdpOptions options_;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::string> param_names_;
+  std::vector<torch::Tensor> buffers_;
+  std::vector<BucketSpec> buckets_;
+  std::vector<std::unique_ptr<Bucket>> bucket_state_;
+  std::vector<size_t> param_bucket_;           // param -> bucket index
+  std::vector<torch::Tensor> param_slot_;      // param -> view into its bucket buffer, shaped like the param
+  std::vector<uint8_t> ready_;                 // param -> hook fired in this step
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+  size_t next_launch_ = 0;
+  std::mutex mutex_;
+  bool armed_ = false;
+  bool no_sync_ = false;
+  Stats stats_;
+};
+
+}  // namespace h5ddp

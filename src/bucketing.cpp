@@ -1,0 +1,56 @@
+#include "h5ddp/bucketing.hpp"
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "h5ddp/error.hpp"
+
+namespace h5ddp {
+
+std::vector<BucketSpec> assign_buckets(const std::vector<size_t>& nbytes, const std::vector<int>& group_key,
+                                       size_t first_bucket_bytes, size_t bucket_cap_bytes) {
+  H5DDP_CHECK(nbytes.size() == group_key.size(),
+              "assign_buckets: " + std::to_string(nbytes.size()) + " sizes but " +
+                  std::to_string(group_key.size()) + " group keys");
+  H5DDP_CHECK(first_bucket_bytes > 0 && bucket_cap_bytes > 0, "assign_buckets: bucket limits must be positive");
+
+  struct Open {
+    BucketSpec spec;
+    size_t limit;
+  };
+  // Each bucket remembers the reversed position of its first tensor; that is its launch order.
+  std::vector<std::pair<size_t, BucketSpec>> closed;
+  std::map<int, Open> open;  // per group key, the bucket being filled
+  std::map<int, size_t> first_pos;
+
+  auto close = [&](int key) {
+    auto it = open.find(key);
+    if (it == open.end() || it->second.spec.params.empty()) return;
+    closed.emplace_back(first_pos[key], std::move(it->second.spec));
+    it->second.spec = BucketSpec{};
+    it->second.limit = bucket_cap_bytes;  // only the first bucket of a key is small
+  };
+
+  for (size_t pos = 0; pos < nbytes.size(); ++pos) {
+    const size_t i = nbytes.size() - 1 - pos;
+    const int key = group_key[i];
+    auto it = open.find(key);
+    if (it == open.end()) it = open.emplace(key, Open{BucketSpec{}, first_bucket_bytes}).first;
+    // Close first if this tensor would push a non-empty bucket over its limit.
+    if (!it->second.spec.params.empty() && it->second.spec.bytes + nbytes[i] > it->second.limit) close(key);
+    if (it->second.spec.params.empty()) first_pos[key] = pos;
+    it->second.spec.params.push_back(i);
+    it->second.spec.bytes += nbytes[i];
+    if (it->second.spec.bytes >= it->second.limit) close(key);
+  }
+  for (auto& [key, o] : open) close(key);
+
+  std::stable_sort(closed.begin(), closed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<BucketSpec> out;
+  out.reserve(closed.size());
+  for (auto& c : closed) out.push_back(std::move(c.second));
+  return out;
+}
+
+}  // namespace h5ddp
