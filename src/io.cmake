@@ -8,5 +8,6 @@ h5ddp_layer(h5ddp_io
   checkpoint_reader.cpp
   checkpoint_loader.cpp
   checkpoint_verify.cpp
+  checkpoint_file.cpp
   async_checkpoint.cpp)
 target_link_libraries(h5ddp_io PUBLIC h5ddp_core HDF5::HDF5 PRIVATE h5ddp_xxhash)

@@ -10,3 +10,11 @@ h5ddp_add_mpi_test(NAME checkpoint_plan EXE checkpoint_plan_test RANKS 1 LABELS 
 h5ddp_add_test_exe(checkpoint_test checkpoint_test.cpp)
 target_link_libraries(checkpoint_test PRIVATE h5ddp_io)
 h5ddp_add_mpi_test(NAME checkpoint EXE checkpoint_test RANKS 1 2 4 LABELS unit TIMEOUT 180)
+
+# h5dump, h5py and h5ddp-ckpt on a checkpoint written by 2 ranks.
+add_executable(checkpoint_fixture_writer checkpoint_fixture_main.cpp)
+target_link_libraries(checkpoint_fixture_writer PRIVATE h5ddp_io h5ddp_warnings)
+if(TARGET h5ddp-ckpt)
+  h5ddp_add_script_test(NAME ckpt_tool LABELS unit mpi TIMEOUT 120
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/ckpt_tool_test.sh ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
+endif()

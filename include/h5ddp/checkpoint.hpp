@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -101,5 +103,28 @@ VerifyReport verify_checkpoint_file(const std::string& path);
 
 // Non-collective. Manifest of a file opened by this process alone (tools). Throws like read_manifest.
 CheckpointManifest read_manifest_serial(const std::string& path);
+
+// Non-collective: one checkpoint opened by this process alone (tools: info, diff, export). Opening throws
+// CheckpointError for a missing, non-HDF5, non-h5ddp or unsupported-version file, like read_manifest.
+class CheckpointFile {
+ public:
+  explicit CheckpointFile(const std::string& path);
+  ~CheckpointFile();
+  CheckpointFile(const CheckpointFile&) = delete;
+  CheckpointFile& operator=(const CheckpointFile&) = delete;
+
+  const CheckpointManifest& manifest() const;
+  // Every numeric dataset (tensors, optimizer state, /train, /data, /rng), `name` = absolute HDF5 path.
+  std::vector<TensorInfo> datasets() const;
+  // Raw bytes (C order, little endian) of a numeric dataset; throws CheckpointError on a checksum mismatch.
+  std::vector<uint8_t> read(const std::string& dataset_path) const;
+  // Scheduler state and meta strings as stored.
+  SchedulerState scheduler() const;
+  std::map<std::string, std::string> meta() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace h5ddp
