@@ -2,7 +2,11 @@
 # A private one-node Slurm for tests: munged, slurmctld and slurmd from Debian's packages, every address
 # 127.0.0.1, every file (config, key, sockets, state, logs, PIDs) inside one directory, fresh ports.
 #
-#   local_slurm.sh start DIR [CPUS]   start the daemons (DIR is created, must be empty); waits for an idle node
+#   local_slurm.sh start DIR [CPUS] [preempt]
+#                                     start the daemons (DIR is created, must be empty); waits for an idle node.
+#                                     One partition `debug`; with `preempt`: partitions `low` (default) and
+#                                     `high`, where a `high` job requeues the `low` jobs it needs the CPUs of
+#                                     (USR1 to their batch shell at once, TERM after GraceTime=20 s).
 #   local_slurm.sh env DIR            print `export ...` lines for clients (eval "$(local_slurm.sh env DIR)")
 #   local_slurm.sh stop DIR           cancel all jobs, stop slurmd, slurmctld, munged by recorded PID
 #
@@ -19,7 +23,7 @@ die() {
   exit 1
 }
 
-usage() { die "usage: $0 start DIR [CPUS] | env DIR | stop DIR"; }
+usage() { die "usage: $0 start DIR [CPUS] [preempt] | env DIR | stop DIR"; }
 
 # A TCP port nobody listens on (random, so that concurrent clusters do not collide).
 free_port() {
@@ -124,7 +128,7 @@ cmd_stop() {
 }
 
 cmd_start() {
-  local dir=$1 cpus=${2:-4}
+  local dir=$1 cpus=${2:-4} partitions=${3:-}
   mkdir -p "$dir"
   [ -z "$(ls -A "$dir")" ] || die "$dir is not empty"
   dir=$(cd "$dir" && pwd -P)
@@ -198,8 +202,19 @@ InactiveLimit=0
 SlurmctldTimeout=30
 SlurmdTimeout=30
 NodeName=${node} NodeAddr=127.0.0.1 NodeHostname=${host} CPUs=${cpus} State=UNKNOWN
-PartitionName=debug Nodes=${node} Default=YES MaxTime=INFINITE State=UP
 EOF
+  if [ "$partitions" = preempt ]; then
+    # 22.05 has no PreemptParameters; preempt_send_user_signal sends the job's --signal on preemption.
+    cat >>"$dir/slurm.conf" <<EOF
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+SlurmctldParameters=preempt_send_user_signal
+PartitionName=low Nodes=${node} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=20
+PartitionName=high Nodes=${node} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
+EOF
+  else
+    echo "PartitionName=debug Nodes=${node} Default=YES MaxTime=INFINITE State=UP" >>"$dir/slurm.conf"
+  fi
 
   setsid slurmctld -D -i -f "$dir/slurm.conf" </dev/null >>"$dir/log/slurmctld.out" 2>&1 &
   echo "slurmctld $!" >>"$dir/pids"
@@ -215,7 +230,7 @@ EOF
 
 [ $# -ge 2 ] || usage
 case "$1" in
-  start) cmd_start "$2" "${3:-4}" ;;
+  start) cmd_start "$2" "${3:-4}" "${4:-}" ;;
   env) print_env "$(cd "$2" && pwd -P)" ;;
   stop) cmd_stop "$(cd "$2" && pwd -P)" ;;
   *) usage ;;

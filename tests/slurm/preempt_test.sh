@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # Preemption on a real (private, one-node) Slurm, end to end:
 #   1. submit jobs/train.sbatch with 2 tasks and a short, throttled run;
-#   2. once the first periodic checkpoint is committed, preempt it (`scancel --signal=USR1 --batch`, what
-#      `--signal=B:USR1@T` does before a time limit);
+#   2. once the first periodic checkpoint is committed, preempt it, by one of
+#        signal:    `scancel --signal=USR1 --batch` (what `--signal=B:USR1@T` does before a time limit);
+#        scheduler: a job in a higher-priority partition that needs the job's CPUs (PreemptMode=REQUEUE:
+#                   Slurm sends the job's --signal at once and requeues it itself);
 #   3. the job must save, exit 75, requeue itself, start again with SLURM_RESTART_COUNT=1, resume from
 #      its checkpoint and complete;
 #   4. its final checkpoint must equal, tensor by tensor, that of an uninterrupted `mpirun -np 2` run with
 #      the same options (h5ddp-ckpt diff; h5py when the tool is not built).
 # Every daemon is stopped by PID on exit, also on failure (local_slurm.sh stop in an EXIT trap).
-#   usage: preempt_test.sh /path/to/h5ddp-train [/path/to/h5ddp-ckpt]
+#   usage: preempt_test.sh signal|scheduler /path/to/h5ddp-train [/path/to/h5ddp-ckpt]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source_dir=$(cd "$here/../.." && pwd)
-train=${1:?usage: $0 /path/to/h5ddp-train [/path/to/h5ddp-ckpt]}
-ckpt_tool=${2:-}
+usage="usage: $0 signal|scheduler /path/to/h5ddp-train [/path/to/h5ddp-ckpt]"
+mode=${1:?$usage}
+train=${2:?$usage}
+ckpt_tool=${3:-}
+case "$mode" in signal | scheduler) ;; *) echo "$usage" >&2; exit 1 ;; esac
 python=${H5DDP_PYTHON:-/usr/bin/python3}
 [ -x "$train" ] || { echo "FAIL: $train is not an executable" >&2; exit 1; }
 if [ "$(id -u)" -ne 0 ]; then
@@ -24,6 +29,9 @@ for prog in munged slurmctld slurmd sbatch scontrol scancel mpirun; do
   command -v "$prog" >/dev/null || { echo "FAIL: $prog missing: apt-get install slurm-wlm munge openmpi-bin" >&2; exit 1; }
 done
 
+# Root is required above; mpirun refuses root without these.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+
 readonly kMaxSteps=60
 readonly kEvery=10
 final_name=$(printf 'ckpt-%08d.h5' "$kMaxSteps")
@@ -31,7 +39,7 @@ final_name=$(printf 'ckpt-%08d.h5' "$kMaxSteps")
 train_args="--epochs 1 --max-steps $kMaxSteps --checkpoint-every-steps $kEvery --step-sleep-ms 100 --seed 7
   --batch-size 64 --model mlp --mlp-hidden 64 --keep-last 0 --no-eval --no-fsync --threads 1"
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/h5ddp-slurm-preempt.XXXXXX")
+work=$(mktemp -d "${TMPDIR:-/tmp}/h5ddp-slurm-preempt-$mode.XXXXXX")
 chmod 755 "$work"
 cluster="$work/cluster"
 status=1
@@ -50,7 +58,11 @@ fail() {
 }
 now() { date -u +%T; }
 
-"$here/local_slurm.sh" start "$cluster" 4
+if [ "$mode" = scheduler ]; then
+  "$here/local_slurm.sh" start "$cluster" 4 preempt
+else
+  "$here/local_slurm.sh" start "$cluster" 4
+fi
 eval "$("$here/local_slurm.sh" env "$cluster")"
 
 job_field() { scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
@@ -77,8 +89,15 @@ for _ in $(seq 1 900); do
   sleep 0.1
 done
 [ -s "$job_run/latest" ] || { cat "$job_out" >&2; echo "FAIL: no checkpoint after 90 s" >&2; exit 1; }
-echo "$(now) first checkpoint: $(cat "$job_run/latest"); preempting job $jid"
-scancel --signal=USR1 --batch "$jid"
+echo "$(now) first checkpoint: $(cat "$job_run/latest"); preempting job $jid ($mode)"
+high_jid=""
+if [ "$mode" = signal ]; then
+  scancel --signal=USR1 --batch "$jid"
+else
+  # All 4 CPUs in the high partition: the 2-task job in the low (default) partition must make room.
+  high_jid=$(sbatch --parsable --chdir="$work" --partition=high --ntasks=4 --job-name=h5ddp-high \
+    --output="$work/high-%j.out" --wrap "echo high-priority job ran; sleep 2")
+fi
 
 # The uninterrupted reference runs while the job waits to be requeued (cred_expire ~10 s).
 env -u SLURM_CONF -u H5DDP_LOCAL_SLURM timeout 240 mpirun -np 2 --oversubscribe "$train" --run-dir "$ref_run" \
@@ -105,6 +124,10 @@ echo "------------------"
 [ "$state" = COMPLETED ] || fail "job ended $state, expected COMPLETED"
 [ "$(job_field "$jid" ExitCode)" = "0:0" ] || fail "job exit code $(job_field "$jid" ExitCode)"
 [ "$(job_field "$jid" Restarts)" = 1 ] || fail "job restarted $(job_field "$jid" Restarts) times, expected 1"
+if [ -n "$high_jid" ]; then
+  [ "$(job_field "$high_jid" JobState)" = COMPLETED ] ||
+    fail "the preempting job $high_jid is $(job_field "$high_jid" JobState), expected COMPLETED"
+fi
 grep -q "SLURM_RESTART_COUNT=0 " "$job_out" || fail "no first run (SLURM_RESTART_COUNT=0) in the output"
 grep -q "SLURM_RESTART_COUNT=1 " "$job_out" || fail "no requeued run (SLURM_RESTART_COUNT=1) in the output"
 grep -q "training step exited with 75" "$job_out" || fail "the preempted step did not exit with 75"
@@ -170,7 +193,7 @@ fi
 
 if [ "$failures" -eq 0 ]; then
   status=0
-  echo "PASS: preempted, saved, requeued (SLURM_RESTART_COUNT=1), resumed from step $resumed, completed," \
+  echo "PASS ($mode): preempted, saved, requeued (SLURM_RESTART_COUNT=1), resumed from step $resumed, completed," \
     "final checkpoint equal to the uninterrupted run's"
 fi
 exit "$status"
