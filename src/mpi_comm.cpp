@@ -2,6 +2,13 @@
 
 #include <algorithm>
 #include <climits>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "h5ddp/error.hpp"
@@ -42,7 +49,134 @@ class MpiWork final : public Work {
   bool done_ = false;
 };
 
+// Completion state shared by a queued allreduce and its Work handle.
+struct ThreadOp {
+  void* buf;
+  size_t count;
+  DType dtype;
+  ReduceOp op;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+};
+
+class ThreadWork final : public Work {
+ public:
+  explicit ThreadWork(std::shared_ptr<ThreadOp> op) : op_(std::move(op)) {}
+  ~ThreadWork() override {
+    // The buffer belongs to the caller: never return before the worker is done with it.
+    std::unique_lock<std::mutex> lock(op_->mutex);
+    op_->cv.wait(lock, [&] { return op_->done; });
+  }
+  void wait() override {
+    std::unique_lock<std::mutex> lock(op_->mutex);
+    op_->cv.wait(lock, [&] { return op_->done; });
+    if (op_->error) {
+      auto e = op_->error;
+      op_->error = nullptr;  // rethrown once
+      std::rethrow_exception(e);
+    }
+  }
+  bool test() override {
+    std::lock_guard<std::mutex> lock(op_->mutex);
+    return op_->done;
+  }
+
+ private:
+  std::shared_ptr<ThreadOp> op_;
+};
+
+void allreduce_chunked(MPI_Comm comm, void* buf, size_t count, DType dtype, ReduceOp op) {
+  auto* p = static_cast<char*>(buf);
+  const size_t es = dtype_size(dtype);
+  for (size_t off = 0; off < count || (count == 0 && off == 0); off += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, count - off));
+    H5DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, p + off * es, n, mpi_datatype(dtype), mpi_op(op), comm));
+    if (count == 0) break;
+  }
+}
+
 }  // namespace
+
+// One thread per communicator running queued allreduces in submission order (so the order of collectives
+// on the async communicator is the order ranks called allreduce_async in, as MPI requires).
+class MpiComm::Worker {
+ public:
+  explicit Worker(MPI_Comm comm) : comm_(comm), thread_([this] { loop(); }) {}
+  ~Worker() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();  // drains the queue first: queued operations are collectives other ranks expect
+  }
+  void submit(std::shared_ptr<ThreadOp> op) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(op));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::shared_ptr<ThreadOp> op;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        op = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::exception_ptr error;
+      try {
+        allreduce_chunked(comm_, op->buf, op->count, op->dtype, op->op);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(op->mutex);
+        op->error = error;
+        op->done = true;
+      }
+      op->cv.notify_all();
+    }
+  }
+
+  MPI_Comm comm_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<ThreadOp>> queue_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the members it uses exist
+};
+
+MpiComm::MpiComm() = default;
+
+MpiComm::AsyncMode MpiComm::default_async_mode() {
+  if (const char* e = std::getenv("H5DDP_MPI_ASYNC")) {
+    if (std::strcmp(e, "thread") == 0) return AsyncMode::kThread;
+    if (std::strcmp(e, "nonblocking") == 0) return AsyncMode::kNonBlocking;
+    throw ConfigError(std::string("H5DDP_MPI_ASYNC must be 'thread' or 'nonblocking', not '") + e + "'");
+  }
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  return provided >= MPI_THREAD_MULTIPLE ? AsyncMode::kThread : AsyncMode::kNonBlocking;
+}
+
+void MpiComm::set_async_mode(AsyncMode mode) {
+  if (mode == AsyncMode::kThread) {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    H5DDP_CHECK(provided >= MPI_THREAD_MULTIPLE,
+                "MpiComm: the thread async mode needs MPI_THREAD_MULTIPLE (MPI granted level " +
+                    std::to_string(provided) + ")");
+  }
+  async_mode_ = mode;
+}
 
 MPI_Datatype mpi_datatype(DType t) {
   switch (t) {
@@ -77,12 +211,14 @@ std::unique_ptr<MpiComm> MpiComm::dup(MPI_Comm parent) {
   H5DDP_CHECK_MPI(MPI_Comm_set_errhandler(c->async_comm_, MPI_ERRORS_RETURN));
   H5DDP_CHECK_MPI(MPI_Comm_rank(c->comm_, &c->rank_));
   H5DDP_CHECK_MPI(MPI_Comm_size(c->comm_, &c->size_));
+  c->set_async_mode(default_async_mode());
   return c;
 }
 
 MpiComm::~MpiComm() {
   int finalized = 0;
   MPI_Finalized(&finalized);
+  worker_.reset();  // finishes queued operations (they are collectives other ranks take part in)
   if (finalized) return;  // too late to free; MPI already released everything
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   if (async_comm_ != MPI_COMM_NULL) MPI_Comm_free(&async_comm_);
@@ -111,6 +247,16 @@ void MpiComm::allreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
 
 std::unique_ptr<Work> MpiComm::allreduce_async(void* buf, size_t count, DType dtype, ReduceOp op) {
   H5DDP_CHECK(dtype != DType::kF16 && dtype != DType::kBF16, "MPI allreduce of 16-bit floats is not supported");
+  if (async_mode_ == AsyncMode::kThread) {
+    if (!worker_) worker_ = std::make_unique<Worker>(async_comm_);
+    auto state = std::make_shared<ThreadOp>();
+    state->buf = buf;
+    state->count = count;
+    state->dtype = dtype;
+    state->op = op;
+    worker_->submit(state);
+    return std::make_unique<ThreadWork>(std::move(state));
+  }
   auto* p = static_cast<char*>(buf);
   const size_t es = dtype_size(dtype);
   std::vector<MPI_Request> reqs;

@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <string>
 
 #include "h5ddp/comm.hpp"
 
@@ -16,6 +17,15 @@ MPI_Op mpi_op(ReduceOp op);
 
 class MpiComm final : public Comm {
  public:
+  // How allreduce_async makes progress. Open MPI advances non-blocking collectives only inside MPI calls,
+  // so kNonBlocking (MPI_Iallreduce) progresses only when the caller tests or waits; kThread hands the
+  // operation to a worker thread that runs a blocking MPI_Allreduce (needs MPI_THREAD_MULTIPLE), so it
+  // advances while the caller computes. docs/BENCHMARKS.md (DDP) compares the two.
+  enum class AsyncMode { kNonBlocking, kThread };
+  // H5DDP_MPI_ASYNC=thread|nonblocking, else kThread when MPI granted MPI_THREAD_MULTIPLE, else kNonBlocking.
+  static AsyncMode default_async_mode();
+
+
   // Collective over `parent`: duplicates it (twice: blocking and async traffic) and owns the duplicates.
   static std::unique_ptr<MpiComm> dup(MPI_Comm parent);
   ~MpiComm() override;
@@ -30,15 +40,24 @@ class MpiComm final : public Comm {
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
   // MPI_Iallreduce on the async communicator; Work::test() calls MPI_Test to drive progress.
+  // In kThread mode the operation is queued to this communicator's worker thread instead.
   std::unique_ptr<Work> allreduce_async(void* buf, size_t count, DType dtype, ReduceOp op) override;
   void allgather(const void* send, void* recv, size_t count, DType dtype) override;
   void barrier() override;
 
+  // Local, but every rank must choose the same mode, and only while no asynchronous operation is in flight.
+  void set_async_mode(AsyncMode mode);
+  AsyncMode async_mode() const { return async_mode_; }
+  std::string async_mode_name() const { return async_mode_ == AsyncMode::kThread ? "thread" : "nonblocking"; }
+
  private:
-  MpiComm() = default;
+  class Worker;
+  MpiComm();
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm async_comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  AsyncMode async_mode_ = AsyncMode::kNonBlocking;
+  std::unique_ptr<Worker> worker_;  // started on the first kThread operation
 };
 
 }  // namespace h5ddp
