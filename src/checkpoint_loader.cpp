@@ -1,5 +1,6 @@
 // load_checkpoint: compare the file with the caller's refs, read (share + exchange, or every rank reads
 // everything), verify checksums (each dataset by one rank), fill the TrainState.
+#include <chrono>
 #include <cstring>
 #include <map>
 
@@ -64,6 +65,44 @@ h5::Handle open_dataset(hid_t f, const std::string& path) {
   return h5::dataset(H5Dopen2(f, path.c_str(), H5P_DEFAULT));
 }
 
+// Broadcasts every rank's share to all ranks: large pieces in place, small ones (many tiny tensors would
+// cost one broadcast each) packed into batches of a small fixed staging buffer.
+void exchange_shares(Comm& comm, const std::vector<DatasetPlan>& plan, const std::vector<ckpt::Segment>& segments) {
+  constexpr size_t kDirectBytes = 1u << 20, kStagingBytes = 8u << 20;
+  std::vector<char> staging;
+  for (int owner = 0; owner < comm.size(); ++owner) {
+    std::vector<std::pair<char*, size_t>> batch;  // destination ranges of the current batch
+    size_t used = 0;
+    auto flush = [&] {
+      if (used == 0) return;
+      staging.resize(kStagingBytes);
+      size_t off = 0;
+      if (comm.rank() == owner)
+        for (auto [p, n] : batch) std::memcpy(staging.data() + off, p, n), off += n;
+      comm.broadcast(staging.data(), used, DType::kU8, owner);
+      off = 0;
+      if (comm.rank() != owner)
+        for (auto [p, n] : batch) std::memcpy(p, staging.data() + off, n), off += n;
+      batch.clear();
+      used = 0;
+    };
+    for (const auto& s : segments) {
+      if (s.rank != owner) continue;
+      const auto& d = plan[s.index];
+      char* p = static_cast<char*>(d.dst) + s.row_begin * d.row_bytes();
+      const size_t n = (s.row_end - s.row_begin) * d.row_bytes();
+      if (n >= kDirectBytes) {
+        comm.broadcast(p, n, DType::kU8, owner);
+        continue;
+      }
+      if (used + n > kStagingBytes) flush();
+      batch.emplace_back(p, n);
+      used += n;
+    }
+    flush();
+  }
+}
+
 // Reads the tensors with the chosen strategy; on return (without exception) every rank holds every byte.
 void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, LoadStrategy strategy,
                   const std::string& path) {
@@ -88,6 +127,8 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
   std::vector<int> pieces(plan.size(), 0);
   for (const auto& s : segments) ++pieces[s.index];
   auto at_row = [&](const DatasetPlan& d, uint64_t row) { return static_cast<char*>(d.dst) + row * d.row_bytes(); };
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [&] { return std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()); };
   // Split datasets: one collective read each, all ranks in plan order (keep calling after an error).
   for (size_t i = 0; i < plan.size(); ++i) {
     if (pieces[i] < 2) continue;
@@ -103,6 +144,7 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
     });
     if (error.empty()) error = e;
   }
+  log::debug("load: collective reads done at " + since());
   for (const auto& s : segments) {
     if (s.rank != rank || pieces[s.index] >= 2 || !error.empty()) continue;
     const auto& d = plan[s.index];
@@ -115,11 +157,10 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
     });
   }
   ckpt::throw_if_any(comm, error);
+  log::debug("load: own share read at " + since());
   if (world == 1) return;
-  for (const auto& s : segments) {
-    const auto& d = plan[s.index];
-    comm.broadcast(at_row(d, s.row_begin), (s.row_end - s.row_begin) * d.row_bytes(), DType::kU8, s.rank);
-  }
+  exchange_shares(comm, plan, segments);
+  log::debug("load: exchange done at " + since());
 }
 
 // Reads a small dataset whole (every rank), verifying its checksum.
@@ -173,6 +214,13 @@ std::vector<RngState> read_rng(hid_t f, const CheckpointManifest& m, const std::
 
 void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, const LoadOptions& options) {
   const int rank = comm.rank(), world = comm.size();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string timeline;  // "phase=seconds ..." for H5DDP_LOG_LEVEL=debug
+  auto mark = [&, last = t0](const char* phase) mutable {
+    const auto now = std::chrono::steady_clock::now();
+    timeline += std::string(" ") + phase + "=" + std::to_string(std::chrono::duration<double>(now - last).count());
+    last = now;
+  };
   h5::Handle f = ckpt::open_checkpoint(&comm, path);
   CheckpointManifest m;
   ckpt::throw_if_any(comm, ckpt::capture_error([&] { m = ckpt::read_manifest_from(f, path); }));
@@ -187,10 +235,12 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
            std::to_string(n) + " difference" + (n == 1 ? "" : "s") + "):" + diff;
   }
   ckpt::throw_if_any(comm, diff);
+  mark("open+manifest");
 
   std::vector<DatasetPlan> plan = load_plan(state.model, m.model, false);
   for (auto& d : load_plan(state.optimizer.state, m.optimizer_state, true)) plan.push_back(std::move(d));
   read_tensors(comm, f, plan, options.strategy, path);
+  mark("read");
 
   std::string problems;
   if (options.verify_checksums) {
@@ -201,6 +251,7 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
     if (!problems.empty()) problems = path + ": corrupt data (the file's bytes do not match their xxh3):" + problems;
   }
   ckpt::throw_if_any(comm, problems);
+  mark("verify");
 
   TrainState loaded;
   ckpt::throw_if_any(comm, ckpt::capture_error([&] {
@@ -236,6 +287,8 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
   state.rng_by_rank = std::move(loaded.rng_by_rank);
   state.saved_world_size = m.world_size;
   if (rank < m.world_size) state.rng = state.rng_by_rank[rank];
+  mark("small");
+  log::debug("load " + path + ":" + timeline);
 }
 
 }  // namespace h5ddp

@@ -118,10 +118,17 @@ void write_rows(hid_t ds, const DatasetPlan& d, uint64_t begin, uint64_t end, hi
 SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::string& run_dir,
                            const SaveOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
+  std::string timeline;  // "phase=seconds ..." for H5DDP_LOG_LEVEL=debug
+  auto mark = [&, last = t0](const char* phase) mutable {
+    const auto now = std::chrono::steady_clock::now();
+    timeline += std::string(" ") + phase + "=" + std::to_string(std::chrono::duration<double>(now - last).count());
+    last = now;
+  };
   const int rank = comm.rank(), world = comm.size();
   comm.require_same(state.counters.step, "checkpoint step");
   ckpt::SavePlan plan = ckpt::make_save_plan(comm, state);
   agree_on_plan(comm, plan);
+  mark("plan+agree");
 
   std::string name = options.name.empty() ? format::checkpoint_file_name(state.counters.step) : options.name;
   if (name.size() < 3 || name.compare(name.size() - 3, 3, format::kCheckpointSuffix) != 0) name += format::kCheckpointSuffix;
@@ -153,6 +160,7 @@ SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::strin
         for (const auto& d : plan.datasets) dsets.push_back(create_dataset(file, d));
       });
     }));
+    mark("create");
     ckpt::maybe_inject_fault("before_data", rank);
 
     // Datasets split between ranks go collectively (all ranks call, in plan order); the rest of each
@@ -198,6 +206,7 @@ SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::strin
     }
     if (!mid_fault_checked) ckpt::maybe_inject_fault("mid_data", rank);
     ckpt::throw_if_any(comm, error.empty() ? "" : error + "\n  while writing " + partial_path);
+    mark("write");
 
     ckpt::throw_if_any(comm, ckpt::capture_error([&] {
       with_context("closing " + partial_path, [&] {
@@ -205,8 +214,10 @@ SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::strin
         file.close();
       });
     }));
+    mark("close");
     if (options.fsync)
       ckpt::throw_if_any(comm, ckpt::capture_error([&] { ckpt::fsync_path(partial_path, false); }));
+    mark("fsync");
   } catch (...) {
     remove_partial();
     throw;
@@ -232,6 +243,8 @@ SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::strin
 
   if (rank == 0) ckpt::apply_retention(run_dir, options, name);  // logs problems, never throws
   comm.barrier();  // every rank returns with the directory in its final state
+  mark("commit");
+  log::debug("save " + final_path + ":" + timeline);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;
 }

@@ -23,14 +23,14 @@ inline std::vector<TensorSpec> model_specs() {
           {"fc.weight", DType::kF64, {3, 5}},          {"bn.num_batches_tracked", DType::kI64, {}},
           {"emb.weight", DType::kF16, {7, 2}},         {"lm.weight", DType::kBF16, {5, 3}},
           {"mask", DType::kBool, {6}},                 {"empty", DType::kF32, {0, 3}},
-          {"big.weight", DType::kF32, {1000, 64}},     {"ids", DType::kI32, {9}}};
+          {"big.weight", DType::kF32, {1000, 300}},     {"ids", DType::kI32, {9}}};
 }
 
 inline std::vector<TensorSpec> optimizer_specs() {
   return {{"conv1.weight/exp_avg", DType::kF32, {4, 1, 3, 3}},
           {"conv1.weight/exp_avg_sq", DType::kF32, {4, 1, 3, 3}},
           {"conv1.weight/step", DType::kF32, {}},
-          {"big.weight/exp_avg", DType::kF32, {1000, 64}}};
+          {"big.weight/exp_avg", DType::kF32, {1000, 300}}};
 }
 
 // Deterministic bytes of a tensor: a function of (name, seed) only, so every rank builds the same replica.

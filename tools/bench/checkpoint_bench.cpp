@@ -1,0 +1,288 @@
+// h5ddp-bench-checkpoint: one checkpoint of S GiB saved and loaded three ways, side by side in one run:
+//   h5ddp  save_checkpoint / load_checkpoint (both load strategies)
+//   raw    MPI-IO collective write/read of the same bytes (each rank its contiguous share; load then
+//          broadcasts the shares so every rank holds everything): the practical limit
+//   folk   rank 0 alone torch::pickle_save's a dict of the tensors while the others wait at a barrier;
+//          load: every rank (or with --folk-load root: rank 0, then MPI_Bcast) torch::pickle_load's it
+//
+//   mpirun -np 2 h5ddp-bench-checkpoint --gib 1 --dir /tmp/bench [--fsync 1] [--load 1] [--folk-load all|root]
+//
+// Times are wall clock between barriers (the slowest rank). Before every load the file is fdatasync'ed and
+// evicted from the page cache (posix_fadvise DONTNEED), so loads read the disk. Extra memory is the rise of
+// the peak RSS (VmHWM, reset through /proc/self/clear_refs before each operation) over the RSS before it,
+// max over ranks. Prints "RESULT key=value ..." lines on rank 0 for tools/bench/checkpoint_bench.sh.
+#include <fcntl.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "h5ddp/checkpoint.hpp"
+#include "h5ddp/error.hpp"
+#include "h5ddp/mpi_comm.hpp"
+#include "h5ddp/mpi_env.hpp"
+
+namespace {
+
+using namespace h5ddp;
+namespace fs = std::filesystem;
+constexpr size_t kChunk = 256u << 20;  // MPI counts are int: move bytes in chunks
+
+struct Options {
+  double gib = 1;
+  std::string dir = "/tmp/h5ddp-bench";
+  bool fsync = true;
+  bool load = true;
+  bool folk_load_all = true;
+  int tensors = 48;  // a third model weights, two thirds Adam state (exp_avg, exp_avg_sq)
+  std::string methods = "h5ddp,raw,folk";
+  bool has(const char* m) const { return methods.find(m) != std::string::npos; }
+};
+
+long status_kib(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.compare(0, std::strlen(key), key) == 0) return std::stol(line.substr(std::strlen(key) + 1));
+  return 0;
+}
+
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+void evict(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+void fsync_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd >= 0) ::fsync(fd), ::close(fd);
+}
+
+uint64_t fingerprint(const uint8_t* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 1099511628211ull;
+  }
+  return h;
+}
+
+class Bench {
+ public:
+  Bench(MpiComm& comm, const Options& o) : comm_(comm), o_(o) {
+    const size_t per = static_cast<size_t>(o.gib * (1ull << 30)) / o.tensors / 4096 * 4096;
+    bytes_ = per * o.tensors;
+    arena_.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, bytes_)));
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < bytes_; i += 8) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      std::memcpy(arena_.get() + i, &x, 8);
+    }
+    fingerprint_ = fingerprint(arena_.get(), bytes_);
+    const int layers = o.tensors / 3;
+    ParamGroup group;
+    group.hyper = {{"lr", 1e-3}, {"betas0", 0.9}, {"betas1", 0.999}, {"eps", 1e-8}, {"weight_decay", 0}};
+    for (int i = 0; i < o.tensors; ++i) {
+      const std::string param = "layers." + std::to_string(i % layers) + ".weight";
+      const char* keys[] = {"", "/exp_avg", "/exp_avg_sq"};
+      TensorRef t{param + keys[i / layers], DType::kF32, {static_cast<int64_t>(per / 4096), 1024},
+                  arena_.get() + i * per};
+      if (i < layers) {
+        state_.model.push_back(t);
+        group.params.push_back(param);
+      } else {
+        state_.optimizer.state.push_back(t);
+      }
+    }
+    state_.optimizer.type = "adam";
+    state_.optimizer.groups = {group};
+    state_.counters.step = 1000;
+    state_.rng.cpu.assign(5056, static_cast<uint8_t>(comm.rank()));
+    fs::create_directories(o.dir);
+  }
+
+  void run() {
+    const std::string h5 = o_.dir + "/bench.h5", raw = o_.dir + "/raw.bin", folk = o_.dir + "/folk.pt";
+    if (o_.has("h5ddp")) save_load_h5ddp(h5);
+    if (o_.has("raw")) save_load_raw(raw);
+    if (o_.has("folk")) save_load_folk(folk);
+  }
+
+ private:
+  void save_load_h5ddp(const std::string& h5) {
+    measure("save", "h5ddp", [&] {
+      SaveOptions so;
+      so.fsync = o_.fsync;
+      so.name = "bench.h5";
+      save_checkpoint(comm_, state_, o_.dir, so);
+    });
+    if (o_.load) {
+      for (auto [name, strategy] : {std::pair{"h5ddp_share_exchange", LoadStrategy::kShareExchange},
+                                    std::pair{"h5ddp_every_rank_reads", LoadStrategy::kEveryRankReads}}) {
+        cold(h5);
+        LoadOptions lo;
+        lo.strategy = strategy;
+        measure("load", name, [&] { load_checkpoint(comm_, h5, state_, lo); });
+        check(name);
+      }
+    }
+    remove(h5);
+    remove(o_.dir + "/latest");
+  }
+  void save_load_raw(const std::string& raw) {
+    measure("save", "raw_mpiio", [&] { raw_io(raw, true); });
+    if (o_.load) {
+      cold(raw);
+      measure("load", "raw_mpiio", [&] { raw_io(raw, false); });
+      check("raw_mpiio");
+    }
+    remove(raw);
+  }
+  void save_load_folk(const std::string& folk) {
+    measure("save", "folk_pickle", [&] { folk_save(folk); });
+    if (o_.load) {
+      cold(folk);
+      measure("load", "folk_pickle", [&] { folk_load(folk); });
+      check("folk_pickle");
+    }
+    remove(folk);
+  }
+
+  void measure(const char* op, const char* method, const std::function<void()>& f) {
+    comm_.barrier();
+    reset_peak_rss();
+    const long base = status_kib("VmRSS:");
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    comm_.barrier();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    int64_t extra = status_kib("VmHWM:") - base;
+    comm_.allreduce(&extra, 1, DType::kI64, ReduceOp::kMax);
+    if (comm_.rank() == 0)
+      std::printf("RESULT gib=%.2f ranks=%d fsync=%d op=%s method=%s seconds=%.3f gbps=%.3f extra_rss_mib=%.1f "
+                  "extra_rss_pct=%.1f\n",
+                  bytes_ / double(1ull << 30), comm_.size(), o_.fsync ? 1 : 0, op, method, s, bytes_ / s / 1e9,
+                  extra / 1024.0, 100.0 * extra * 1024.0 / bytes_);
+    std::fflush(stdout);
+  }
+
+  void cold(const std::string& path) {
+    if (comm_.rank() == 0) evict(path);
+    comm_.barrier();
+  }
+  void remove(const std::string& path) {
+    if (comm_.rank() == 0) fs::remove(path);
+    comm_.barrier();
+  }
+  void check(const char* what) {
+    const bool ok = fingerprint(arena_.get(), bytes_) == fingerprint_;
+    if (!comm_.all_ok(ok)) throw Error(std::string(what) + " load did not restore the state's bytes");
+  }
+
+  // Each rank writes (reads) its contiguous share of the arena with collective MPI-IO; reads then
+  // broadcast every share so that every rank holds the whole state, as a checkpoint load must.
+  void raw_io(const std::string& path, bool write) {
+    const int n = comm_.size(), r = comm_.rank();
+    auto share = [&](int k) { return std::pair<size_t, size_t>(bytes_ * k / n, bytes_ * (k + 1) / n); };
+    MPI_File fh;
+    H5DDP_CHECK_MPI(MPI_File_open(comm_.handle(), path.c_str(),
+                                  write ? (MPI_MODE_CREATE | MPI_MODE_WRONLY) : MPI_MODE_RDONLY, MPI_INFO_NULL, &fh));
+    const auto [b, e] = share(r);
+    const size_t rounds = (share(0).second - share(0).first + kChunk) / kChunk;  // same on every rank
+    for (size_t i = 0; i < rounds; ++i) {
+      const size_t off = std::min(e, b + i * kChunk), len = std::min(kChunk, e - off);
+      if (write)
+        H5DDP_CHECK_MPI(MPI_File_write_at_all(fh, off, arena_.get() + off, int(len), MPI_BYTE, MPI_STATUS_IGNORE));
+      else
+        H5DDP_CHECK_MPI(MPI_File_read_at_all(fh, off, arena_.get() + off, int(len), MPI_BYTE, MPI_STATUS_IGNORE));
+    }
+    if (write && o_.fsync) H5DDP_CHECK_MPI(MPI_File_sync(fh));
+    H5DDP_CHECK_MPI(MPI_File_close(&fh));
+    if (!write)
+      for (int k = 0; k < n; ++k) comm_.broadcast(arena_.get() + share(k).first, share(k).second - share(k).first, DType::kU8, k);
+  }
+
+  c10::Dict<std::string, torch::Tensor> as_dict() {
+    c10::Dict<std::string, torch::Tensor> d;
+    auto add = [&](const TensorRef& t) { d.insert(t.name, torch::from_blob(t.data, t.shape, torch::kFloat32)); };
+    for (const auto& t : state_.model) add(t);
+    for (const auto& t : state_.optimizer.state) add(t);
+    return d;
+  }
+
+  void folk_save(const std::string& path) {
+    if (comm_.rank() == 0) {
+      std::vector<char> bytes = torch::pickle_save(c10::IValue(as_dict()));
+      std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+      if (o_.fsync) fsync_file(path);
+    }
+    comm_.barrier();
+  }
+
+  void folk_load(const std::string& path) {
+    const bool reader = o_.folk_load_all || comm_.rank() == 0;
+    if (reader) {
+      std::vector<char> bytes(fs::file_size(path));
+      std::ifstream(path, std::ios::binary).read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+      auto dict = torch::pickle_load(bytes).toGenericDict();
+      bytes = {};
+      for (auto* refs : {&state_.model, &state_.optimizer.state})
+        for (const auto& t : *refs) {
+          torch::Tensor x = dict.at(t.name).toTensor().contiguous();
+          std::memcpy(t.data, x.data_ptr(), t.nbytes());
+        }
+    }
+    if (!o_.folk_load_all)
+      for (auto* refs : {&state_.model, &state_.optimizer.state})
+        for (const auto& t : *refs) comm_.broadcast(t.data, t.nbytes(), DType::kU8, 0);
+  }
+
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  MpiComm& comm_;
+  Options o_;
+  size_t bytes_ = 0;
+  std::unique_ptr<uint8_t, Free> arena_;
+  uint64_t fingerprint_ = 0;
+  TrainState state_;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--gib") o.gib = std::stod(v);
+    else if (k == "--dir") o.dir = v;
+    else if (k == "--fsync") o.fsync = v == "1";
+    else if (k == "--load") o.load = v == "1";
+    else if (k == "--folk-load") o.folk_load_all = v == "all";
+    else if (k == "--methods") o.methods = v;
+    else if (k == "--tensors") o.tensors = std::max(3, std::stoi(v) / 3 * 3);
+    else throw ConfigError("unknown option " + k);
+  }
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MpiEnv env(&argc, &argv);
+  try {
+    auto comm = MpiComm::dup(MPI_COMM_WORLD);
+    Bench(*comm, parse(argc, argv)).run();
+    return 0;
+  } catch (const std::exception& e) {
+    die_with_exception(e);
+  }
+}
