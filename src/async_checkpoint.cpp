@@ -208,9 +208,9 @@ bool AsyncCheckpointer::poll() {
   int64_t flags[2] = {failed_here ? 1 : 0, running_here ? 1 : 0};
   comm_.allreduce(flags, 2, DType::kI64, ReduceOp::kMax);
   if (flags[0]) finish();  // throws on every rank
-  if (worker_.joinable() && !running_here) {
-    // Finished without error here; whether it failed elsewhere is agreed by the next poll/start/wait,
-    // since every rank's save_checkpoint fails together (it agrees before and after writing).
+  if (worker_.joinable() && flags[1] == 0) {
+    // Finished without error on every rank: all ranks join in this same poll, so in_flight() stays
+    // the same everywhere (callers may branch on it before a collective).
     worker_.join();
     if (!worker_result_.path.empty()) last_result_ = worker_result_;
     worker_result_ = SaveResult();

@@ -89,8 +89,13 @@ TEST(AsyncCheckpoint, BuffersReusedAndOneSaveInFlight) {
   for (int i = 0; i < 4; ++i) {
     src.state.counters.step = 10 + i;
     async.start(src.state, dir, so);  // waits for the previous one: never two in flight
-    bool running = true;
-    for (int k = 0; k < 2 && running; ++k) running = async.poll();
+    if (i % 2 == 0) continue;          // the next start() must wait for this one
+    // The trainer's pattern: poll while in flight. in_flight() must flip on every rank in the same poll,
+    // or ranks would stop entering poll()'s allreduce at different steps (a hang, caught by the timeout).
+    while (async.in_flight()) {
+      async.poll();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
   SaveResult last = async.wait();
   EXPECT_EQ(async.buffer_allocations(), 1);

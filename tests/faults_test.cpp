@@ -1,14 +1,20 @@
-// In-process tests of the fault-handling pieces that need no subprocess: the watchdog with a
-// non-aborting stall handler. (The aborting path is tested end to end by tests/faults/watchdog_test.py.)
+// In-process fault tests (issue 9) that need no subprocess: the watchdog with a non-aborting stall handler
+// (the aborting path is tested end to end by tests/faults/watchdog_test.py), loading a checkpoint of
+// another model, and ranks that disagree at a save.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "checkpoint_fixture.hpp"
+#include "h5ddp/checkpoint.hpp"
+#include "h5ddp/error.hpp"
 #include "h5ddp/watchdog.hpp"
 #include "test_util.hpp"
 
@@ -120,6 +126,110 @@ TEST(Watchdog, GuardsFromManyThreads) {
     });
   for (auto& th : threads) th.join();
   EXPECT_EQ(rec.count(), 0u);
+}
+
+}  // namespace
+}  // namespace h5ddp
+
+// ---- checkpoints of another model, ranks that disagree (issue 9) ---------------------------------------
+
+namespace h5ddp {
+namespace {
+
+namespace fs = std::filesystem;
+using test::OwnedState;
+using test::TensorSpec;
+
+// Files left in `dir` (names only), same list on every rank.
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Runs f on every rank; returns the exception message ("" if none) and checks every rank threw E.
+template <class E, class F>
+std::string expect_throw_everywhere(F&& f) {
+  std::string msg;
+  bool threw = false;
+  try {
+    f();
+  } catch (const E& e) {
+    threw = true;
+    msg = e.what();
+  }
+  EXPECT_TRUE(threw) << "rank " << test::world().rank() << " did not throw";
+  EXPECT_TRUE(test::world().all_ok(threw)) << "some rank did not throw";
+  return msg;
+}
+
+TEST(CheckpointOfAnotherModel, OneErrorListsEveryDifference) {
+  auto& comm = test::world();
+  const std::string dir = test::scratch_dir("faults-mismatch");
+  OwnedState saved(11, comm.rank());
+  const SaveResult r = save_checkpoint(comm, saved.state, dir);
+
+  // The loading model: conv1.bias missing, extra.weight extra, fc.weight reshaped, ids widened.
+  std::vector<TensorSpec> model;
+  for (auto s : test::model_specs()) {
+    if (s.name == "conv1.bias") continue;
+    if (s.name == "fc.weight") s.shape = {5, 3};
+    if (s.name == "ids") s.dtype = DType::kI64;
+    model.push_back(s);
+  }
+  model.push_back({"extra.weight", DType::kF32, {2, 2}});
+  OwnedState target(11, comm.rank(), false, model);
+  const std::string msg =
+      expect_throw_everywhere<CheckpointError>([&] { load_checkpoint(comm, r.path, target.state); });
+  for (const char* name : {"conv1.bias", "extra.weight", "fc.weight", "ids"})
+    EXPECT_NE(msg.find(name), std::string::npos) << "difference '" << name << "' not listed in:\n" << msg;
+  EXPECT_NE(msg.find(r.path), std::string::npos) << "file not named in:\n" << msg;
+  EXPECT_NE(msg.find("rank"), std::string::npos) << msg;
+  comm.barrier();
+  if (comm.rank() == 0) fs::remove_all(dir);
+}
+
+TEST(RanksThatDisagree, DifferentStepFailsEverywhereWithoutFile) {
+  auto& comm = test::world();
+  if (comm.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = test::scratch_dir("faults-step");
+  OwnedState s(1, comm.rank());
+  s.state.counters.step = 100 + (comm.rank() == comm.size() - 1 ? 1 : 0);
+  const std::string msg = expect_throw_everywhere<Error>([&] { save_checkpoint(comm, s.state, dir); });
+  EXPECT_NE(msg.find("step"), std::string::npos) << msg;
+  comm.barrier();
+  EXPECT_TRUE(files_in(dir).empty()) << "a disagreement left files behind";
+  comm.barrier();
+  if (comm.rank() == 0) fs::remove_all(dir);
+}
+
+TEST(RanksThatDisagree, DifferentModelFailsEverywhereWithoutFile) {
+  auto& comm = test::world();
+  if (comm.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = test::scratch_dir("faults-model");
+  auto specs = test::model_specs();
+  if (comm.rank() == comm.size() - 1) specs.push_back({"only.here", DType::kF32, {3}});
+  OwnedState s(2, comm.rank(), true, specs);
+  expect_throw_everywhere<Error>([&] { save_checkpoint(comm, s.state, dir); });
+  comm.barrier();
+  EXPECT_TRUE(files_in(dir).empty()) << "a disagreement left files behind";
+  comm.barrier();
+  if (comm.rank() == 0) fs::remove_all(dir);
+}
+
+TEST(RanksThatDisagree, DifferentReplicaBytesFailEverywhere) {
+  auto& comm = test::world();
+  if (comm.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = test::scratch_dir("faults-replica");
+  OwnedState s(3, comm.rank());
+  if (comm.rank() == comm.size() - 1) static_cast<uint8_t*>(s.find("fc.weight")->data)[5] ^= 0x40;
+  const std::string msg = expect_throw_everywhere<Error>([&] { save_checkpoint(comm, s.state, dir); });
+  EXPECT_NE(msg.find("fc.weight"), std::string::npos) << msg;
+  comm.barrier();
+  EXPECT_TRUE(files_in(dir).empty()) << "a disagreement left files behind";
+  comm.barrier();
+  if (comm.rank() == 0) fs::remove_all(dir);
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 set(H5DDP_FAULTS_PY ${CMAKE_CURRENT_SOURCE_DIR}/faults)
 
 h5ddp_add_test_exe(faults_test faults_test.cpp)
-h5ddp_add_mpi_test(NAME watchdog_unit EXE faults_test RANKS 1 2 LABELS unit faults TIMEOUT 60)
+target_link_libraries(faults_test PRIVATE h5ddp_io)
+h5ddp_add_mpi_test(NAME faults_unit EXE faults_test RANKS 1 2 4 LABELS unit faults TIMEOUT 90)
 
 add_executable(h5ddp_watchdog_stall faults/watchdog_stall.cpp)
 target_link_libraries(h5ddp_watchdog_stall PRIVATE h5ddp_core h5ddp_warnings)

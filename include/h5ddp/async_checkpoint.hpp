@@ -55,7 +55,8 @@ class AsyncCheckpointer {
   // of the last completed save (path empty when none was started).
   SaveResult wait();
 
-  // Local. True between start() and the wait()/poll() that observed its completion.
+  // Local, but the same on every rank: true from start() until the wait() or poll() that found the save
+  // finished on all ranks (so it may decide whether to call poll()).
   bool in_flight() const { return worker_.joinable(); }
   const AsyncSaveTiming& last_timing() const { return timing_; }
   // Number of times the host buffers were (re)allocated: stays at 1 while the state's layout is unchanged.

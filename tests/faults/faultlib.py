@@ -133,3 +133,71 @@ def main(tests):
     if failed:
         return 1
     return 77 if skipped == len(selected) else 0
+
+
+def run_watch(cmd, timeout, on_line, extra_env=None):
+    """Like run(), but calls on_line(stream, line) for every output line as it arrives (stream is 'out' or
+    'err'), so a test can act while the job runs (e.g. free disk space after the first failed save)."""
+    import threading
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(extra_env),
+                         start_new_session=True, bufsize=1)
+    chunks = {"out": [], "err": []}
+
+    def pump(stream, name):
+        for line in stream:
+            chunks[name].append(line)
+            try:
+                on_line(name, line)
+            except Exception as e:  # noqa: BLE001 -- the test sees it in the output
+                chunks["err"].append(f"on_line callback failed: {e}\n")
+
+    threads = [threading.Thread(target=pump, args=(p.stdout, "out"), daemon=True),
+               threading.Thread(target=pump, args=(p.stderr, "err"), daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        for t in threads:
+            t.join(5)
+        raise Failure(f"HANG: {' '.join(cmd)} did not finish within {timeout}s\n"
+                      f"{''.join(chunks['out'])[-3000:]}\n{''.join(chunks['err'])[-3000:]}")
+    for t in threads:
+        t.join(10)
+    return Result(p.returncode, "".join(chunks["out"]), "".join(chunks["err"]), time.monotonic() - t0)
+
+
+def mpirun_watch(np, args, timeout, on_line, extra_env=None):
+    cmd = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(np)]
+    for k, v in (extra_env or {}).items():
+        cmd += ["-x", f"{k}={v}"]
+    return run_watch(cmd + list(args), timeout, on_line, extra_env)
+
+
+class Mount:
+    """A tmpfs mounted for the duration of a `with` block (root only); raises Skip when mounting is not
+    possible here, with the reason."""
+
+    def __init__(self, tag, size, readonly=False):
+        self.path = scratch(tag)
+        self.size, self.readonly = size, readonly
+        self.mounted = False
+
+    def __enter__(self):
+        if os.geteuid() != 0:
+            raise Skip("needs root to mount a tmpfs")
+        opts = f"size={self.size}" + (",ro" if self.readonly else "")
+        r = run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", self.path], 30)
+        if r.rc != 0:
+            raise Skip(f"cannot mount a tmpfs here: {r.err.strip()}")
+        self.mounted = True
+        return self
+
+    def __exit__(self, *exc):
+        if self.mounted:
+            run(["umount", "-l", self.path], 30)
+        shutil.rmtree(self.path, ignore_errors=True)
+        return False

@@ -1,0 +1,114 @@
+"""Damaged checkpoint files (issue 9): bytes flipped inside a dataset, a truncated file, an empty file, an
+HDF5 file that is not h5ddp's. For each, damage the NEWEST checkpoint (the one `latest` names), then:
+h5ddp-ckpt verify fails naming the file (and the dataset for flipped bytes); an explicit --resume of it fails
+on every rank with that message and no hang; auto-resume falls back to the previous valid checkpoint with a
+warning naming the damaged file. Argument: rank count."""
+import os
+import shutil
+import sys
+
+import faultlib as fl
+import train_faults as tf
+
+NP = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+PY = os.environ.get("H5DDP_PYTHON", "/usr/bin/python3")
+_base = None
+FLIPPED = "model/fc1.weight"
+
+
+def base_run():
+    """ckpt-2 and ckpt-4 committed, latest -> ckpt-4."""
+    global _base
+    if _base is None:
+        _base = fl.scratch("corrupt-base")
+        r = tf.train(NP, _base, 4)
+        fl.check(r.rc == 0, f"base run failed: {r}")
+        fl.check([tf.step_of(f) for f in fl.checkpoints(_base)] == [2, 4], f"base: {fl.checkpoints(_base)}")
+    return _base
+
+
+def h5py(code, *args):
+    r = fl.run([PY, "-c", code] + list(args), 60)
+    fl.check(r.rc == 0, f"h5py helper failed: {r}")
+    return r.out.strip()
+
+
+def flip_bytes(path):
+    """Flips 8 bytes in the middle of a tensor's data, found through h5py (contiguous layout: file offset)."""
+    code = ("import h5py,sys\n"
+            "f=h5py.File(sys.argv[1],'r')\n"
+            "names=[]\n"
+            "f['model'].visit(lambda n: names.append(n) if isinstance(f['model'][n], h5py.Dataset) else None)\n"
+            "d=f['model'][sorted(names, key=lambda n: -f['model'][n].nbytes)[0]]\n"
+            "print(d.name, d.id.get_offset(), d.nbytes)\n")
+    name, offset, nbytes = h5py(code, path).split()
+    pos = int(offset) + int(nbytes) // 2
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        b = f.read(8)
+        f.seek(pos)
+        f.write(bytes(x ^ 0xFF for x in b))
+    return name.lstrip("/")
+
+
+def truncate(path):
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)
+    return None
+
+
+def empty(path):
+    open(path, "w").close()
+    return None
+
+
+def foreign_hdf5(path):
+    h5py("import h5py,numpy,sys\nf=h5py.File(sys.argv[1],'w')\nf['x']=numpy.arange(10)\nf.attrs['a']=1\n", path)
+    return None
+
+
+def scenario(damage):
+    run_dir = tf.copy_run(base_run(), "corrupt-" + damage.__name__)
+    try:
+        bad = os.path.join(run_dir, "ckpt-00000004.h5")
+        dataset = damage(bad)
+        v = tf.verify(bad, expect_ok=False)
+        fl.check(bad in v.text or os.path.basename(bad) in v.text, f"verify does not name the file: {v}")
+        if dataset:
+            fl.check(dataset in v.text, f"verify does not name the damaged dataset {dataset}: {v}")
+        # Explicit resume of the damaged file: an error on every rank, naming the file; no hang.
+        r = tf.train(NP, run_dir, 6, extra=["--resume", bad])
+        fl.check(r.rc != 0, f"--resume of a damaged file succeeded: {r}")
+        fl.check(os.path.basename(bad) in r.text, f"the error does not name the file: {r}")
+        if dataset:
+            fl.check(dataset in r.text, f"the error does not name the dataset {dataset}: {r}")
+        fl.check(tf.trained_steps(r) is None, f"training ran from a damaged file: {r}")
+        # Auto-resume: falls back to ckpt-2 with a warning naming the damaged file, then trains to the end.
+        r = tf.train(NP, run_dir, 6)
+        fl.check(r.rc == 0, f"auto-resume with a damaged newest checkpoint failed: {r}")
+        src = tf.resumed_from(r)
+        fl.check(src is not None and src[1] == 2 and src[0].endswith("ckpt-00000002.h5"),
+                 f"auto-resume did not fall back to step 2: {src}\n{r}")
+        fl.check(os.path.basename(bad) in r.err and "warn" in r.err.lower(),
+                 f"no warning naming the damaged file: {r}")
+        fl.check(tf.trained_steps(r) == 6, f"did not train to step 6: {r}")
+        tf.verify_all(run_dir)  # the damaged file was rewritten by the resumed run's save at step 4
+        return f"verify named {dataset or os.path.basename(bad)}"
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def make_test(damage):
+    def t():
+        return scenario(damage)
+    t.__name__ = "test_" + damage.__name__
+    return t
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(fl.main([make_test(d) for d in (flip_bytes, truncate, empty, foreign_hdf5)]))
+    finally:
+        if _base:
+            shutil.rmtree(_base, ignore_errors=True)

@@ -1,0 +1,102 @@
+"""Disk full during a save (issue 9), on a small tmpfs mounted by the test (root; skipped otherwise).
+The run dir holds room for one checkpoint plus a filler file, so the save at step 2 commits and the one at
+step 4 hits ENOSPC. Then: the save fails cleanly on all ranks, the .partial is removed, ckpt-2 and `latest`
+are untouched; with --on-save-error stop training ends with an error naming the file; with
+--on-save-error continue it goes on, and once space is freed the next trigger's save commits.
+Argument: rank count."""
+import os
+import shutil
+import sys
+
+import faultlib as fl
+import train_faults as tf
+
+NP = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+HIDDEN = 256  # MLP 784-256-10 with Adam: ~0.8 MB of parameters, ~2.4 MB per checkpoint
+SIZE = "16m"  # the filler leaves room for 1.5 checkpoints; removing it leaves room for several
+
+
+def args(run_dir, max_steps, mode, sleep_ms=0):
+    return tf.train_args(run_dir, max_steps, 2, ["--on-save-error", mode, "--step-sleep-ms", str(sleep_ms)],
+                         hidden=HIDDEN)
+
+
+def fill(mnt, leave_bytes):
+    """Fills the tmpfs until `leave_bytes` remain free (one file, removable to make room)."""
+    st = os.statvfs(mnt)
+    free = st.f_bavail * st.f_frsize
+    filler = os.path.join(mnt, "filler")
+    with open(filler, "wb") as f:
+        f.write(b"\0" * max(0, free - leave_bytes))
+    return filler
+
+
+def ckpt_size():
+    """Size of one checkpoint of this model (measured, not guessed)."""
+    d = fl.scratch("diskfull-size")
+    r = fl.mpirun(NP, args(d, 2, "stop"), tf.STEP_TIMEOUT)
+    fl.check(r.rc == 0, f"sizing run failed: {r}")
+    files = fl.checkpoints(d)
+    fl.check(len(files) == 1, f"sizing run left {files}")
+    size = os.path.getsize(files[0])
+    shutil.rmtree(d, ignore_errors=True)
+    return size
+
+
+_size = None
+
+
+def common_checks(run_dir, r):
+    fl.check(not fl.partials(run_dir), f"partial files left after a failed save: {fl.partials(run_dir)}")
+    files = tf.verify_all(run_dir)
+    fl.check(files and tf.step_of(files[0]) == 2, f"ckpt-2 missing after disk full: {files}")
+    fl.check(fl.latest_target(run_dir).endswith("ckpt-00000002.h5") or len(files) > 1,
+             f"latest moved to {fl.latest_target(run_dir)}")
+    text = r.text
+    fl.check("ckpt-00000004.h5" in text, f"the error does not name the file being saved: {r}")
+
+
+def test_disk_full_stop():
+    global _size
+    _size = _size or ckpt_size()
+    with fl.Mount("diskfull-stop", SIZE) as m:
+        run_dir = os.path.join(m.path, "run")
+        os.mkdir(run_dir)
+        fill(m.path, int(_size * 1.5))  # room for ckpt-2, not for ckpt-4 next to it
+        r = fl.mpirun(NP, args(run_dir, 6, "stop"), tf.STEP_TIMEOUT)
+        fl.check(r.rc != 0, f"training did not stop on a failed save: {r}")
+        fl.check(tf.trained_steps(r) is None, f"training reported success: {r}")
+        common_checks(run_dir, r)
+        fl.check(fl.latest_target(run_dir).endswith("ckpt-00000002.h5"), "latest moved")
+        first = [l for l in r.err.splitlines() if "ckpt-00000004" in l][:1]
+        return f"stopped: {first[0][:160] if first else ''}"
+
+
+def test_disk_full_continue_then_retry():
+    global _size
+    _size = _size or ckpt_size()
+    with fl.Mount("diskfull-continue", SIZE) as m:
+        run_dir = os.path.join(m.path, "run")
+        os.mkdir(run_dir)
+        filler = fill(m.path, int(_size * 1.5))
+        state = {"freed_after_failure": False}
+
+        def on_line(stream, line):
+            # The first failed save: free the filler while training goes on (steps sleep 400 ms).
+            if "ckpt-00000004.h5" in line and not state["freed_after_failure"] and os.path.exists(filler):
+                os.remove(filler)
+                state["freed_after_failure"] = True
+
+        r = fl.mpirun_watch(NP, args(run_dir, 8, "continue", 400), tf.STEP_TIMEOUT, on_line)
+        fl.check(r.rc == 0, f"--on-save-error continue did not finish: {r}")
+        fl.check(state["freed_after_failure"], f"no failed save at step 4 was reported: {r}")
+        fl.check(tf.trained_steps(r) == 8, f"did not train to step 8: {r}")
+        common_checks(run_dir, r)
+        steps = [tf.step_of(f) for f in fl.checkpoints(run_dir)]
+        fl.check(steps == [2, 6, 8], f"expected ckpt 2, 6 (retry at the next trigger) and 8, got {steps}")
+        fl.check(fl.latest_target(run_dir).endswith("ckpt-00000008.h5"), "latest does not name step 8")
+        return f"checkpoints {steps}"
+
+
+if __name__ == "__main__":
+    sys.exit(fl.main([test_disk_full_stop, test_disk_full_continue_then_retry]))
