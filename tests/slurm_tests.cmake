@@ -9,18 +9,15 @@ if(TARGET h5ddp-env)
   set_tests_properties(slurm.discovery PROPERTIES RESOURCE_LOCK h5ddp_slurm SKIP_RETURN_CODE 77)
 endif()
 
-# Preemption end to end: jobs/train.sbatch on 2 tasks, preempted mid-run, save + exit 75 + requeue + resume,
-# final checkpoint equal to an uninterrupted mpirun's (h5ddp-ckpt diff when built, else h5py).
+# Preemption end to end: jobs/train.sbatch on 2 tasks, preempted twice mid-run (USR1 to the batch shell,
+# then a higher-priority partition's job), each time save + exit 75 + requeue + resume; the final
+# checkpoint must equal an uninterrupted mpirun's (h5ddp-ckpt diff when built, else h5py).
 if(TARGET h5ddp-train)
   set(ckpt_tool "")
   if(TARGET h5ddp-ckpt)
     set(ckpt_tool $<TARGET_FILE:h5ddp-ckpt>)
   endif()
-  # signal: scancel --signal=USR1 --batch (as before a time limit); scheduler: a higher-priority
-  # partition's job takes the CPUs (PreemptMode=REQUEUE).
-  foreach(mode signal scheduler)
-    h5ddp_add_script_test(NAME slurm.preempt.${mode} LABELS slurm slow TIMEOUT 600
-      COMMAND bash ${H5DDP_SLURM_DIR}/preempt_test.sh ${mode} $<TARGET_FILE:h5ddp-train> ${ckpt_tool})
-    set_tests_properties(slurm.preempt.${mode} PROPERTIES RESOURCE_LOCK h5ddp_slurm SKIP_RETURN_CODE 77)
-  endforeach()
+  h5ddp_add_script_test(NAME slurm.preempt LABELS slurm slow TIMEOUT 600
+    COMMAND bash ${H5DDP_SLURM_DIR}/preempt_test.sh $<TARGET_FILE:h5ddp-train> ${ckpt_tool})
+  set_tests_properties(slurm.preempt PROPERTIES RESOURCE_LOCK h5ddp_slurm SKIP_RETURN_CODE 77)
 endif()

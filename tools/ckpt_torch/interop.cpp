@@ -1,0 +1,330 @@
+#include "interop.hpp"
+
+#include <torch/serialize.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "h5ddp/data.hpp"
+#include "h5ddp/error.hpp"
+#include "h5ddp/format.hpp"
+#include "h5ddp/models.hpp"
+#include "h5ddp/torch_state.hpp"
+#include "torch_pickle.hpp"
+
+namespace h5ddp::interop {
+namespace {
+
+namespace fs = std::filesystem;
+using c10::IValue;
+using GenericDict = c10::impl::GenericDict;
+
+GenericDict str_dict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+
+std::string shape_string(c10::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+torch::Tensor allocate(const std::string& path, const TensorInfo& t) {
+  return with_context("while reading " + path + " (dataset of '" + t.name + "')",
+                      [&] { return torch::empty(t.shape, torch::dtype(to_scalar_type(t.dtype))); });
+}
+
+// Hyperparameters PyTorch keeps as bool (h5ddp stores every hyperparameter as float64).
+bool is_bool_hyper(const std::string& k) {
+  static const std::set<std::string> kBools = {"amsgrad", "nesterov", "maximize", "capturable", "differentiable",
+                                               "fused", "foreach"};
+  return kBools.count(k) > 0;
+}
+
+// torch.optim's state_dict layout, keyed by parameter name instead of position: load_state_dict matches
+// saved ids to the current parameters by their order in param_groups, so names work as ids.
+IValue optimizer_state_dict(const LoadedCheckpoint& ck) {
+  GenericDict state = str_dict();
+  std::map<std::string, GenericDict> per_param;
+  std::vector<std::string> order;
+  for (const auto& [entry, t] : ck.optimizer) {
+    const auto slash = entry.rfind('/');
+    const std::string param = entry.substr(0, slash), key = entry.substr(slash + 1);
+    auto it = per_param.find(param);
+    if (it == per_param.end()) {
+      it = per_param.emplace(param, str_dict()).first;
+      order.push_back(param);
+    }
+    // torch.optim.Adam(W) keeps `step` as a float32 0-d tensor; h5ddp stores LibTorch's int64 counter.
+    const bool adam_step = key == "step" && ck.manifest.optimizer_type != "sgd";
+    it->second.insert(key, adam_step ? t.to(torch::kFloat32) : t);
+  }
+  for (const auto& p : order) state.insert(p, per_param.at(p));
+
+  c10::impl::GenericList groups(c10::AnyType::get());
+  for (const auto& g : ck.state.optimizer.groups) {
+    GenericDict d = str_dict();
+    for (const auto& [k, v] : g.hyper) {
+      if (k == "betas0" || k == "betas1") continue;
+      if (is_bool_hyper(k)) d.insert(k, v != 0.0);
+      else d.insert(k, v);
+    }
+    if (g.hyper.count("betas0") && g.hyper.count("betas1"))
+      d.insert("betas", c10::ivalue::Tuple::create({IValue(g.hyper.at("betas0")), IValue(g.hyper.at("betas1"))}));
+    c10::List<std::string> params;
+    for (const auto& n : g.params) params.push_back(n);
+    d.insert("params", params);
+    groups.push_back(d);
+  }
+  GenericDict out = str_dict();
+  out.insert("state", state);
+  out.insert("param_groups", groups);
+  return out;
+}
+
+void write_file_atomically(const std::string& path, const std::vector<char>& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw CheckpointError("cannot create " + tmp);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.flush();
+    if (!out) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw CheckpointError("cannot write " + tmp + " (disk full?)");
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw CheckpointError("cannot rename " + tmp + " to " + path + ": " + ec.message());
+}
+
+// The state dict inside a torch.save'd object: the object itself, or its "model" / "state_dict" entry.
+const PyValue& find_state_dict(const std::string& path, const PyValue& top) {
+  if (top.kind != PyValue::Kind::kDict)
+    throw CheckpointError(path + ": holds a " + top.type_name() + ", not a state dict (a dict of tensors)");
+  for (const char* key : {"model", "state_dict"}) {
+    PyPtr inner = top.get(key);
+    if (inner && inner->kind == PyValue::Kind::kDict) return *inner;
+  }
+  return top;
+}
+
+std::shared_ptr<Model> make_builtin(const std::string& name, const std::vector<int64_t>& mlp_hidden) {
+  ModelSpec spec;
+  spec.name = name;
+  spec.mlp_hidden = mlp_hidden;
+  return make_model(spec);
+}
+
+// Every parameter and buffer of `m`, by state-dict key.
+std::map<std::string, torch::Tensor> named_tensors(torch::nn::Module& m) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& p : m.named_parameters()) out[p.key()] = p.value();
+  for (const auto& b : m.named_buffers()) out[b.key()] = b.value();
+  return out;
+}
+
+// One message listing every key or shape that differs between `have` and the model's tensors.
+void check_against_model(const std::string& what, const std::string& model_name,
+                         const std::vector<std::pair<std::string, torch::Tensor>>& have,
+                         const std::map<std::string, torch::Tensor>& want) {
+  std::vector<std::string> problems;
+  std::set<std::string> seen;
+  for (const auto& [k, t] : have) {
+    seen.insert(k);
+    auto it = want.find(k);
+    if (it == want.end()) problems.push_back("unexpected key '" + k + "'");
+    else if (it->second.sizes() != t.sizes())
+      problems.push_back("'" + k + "' has shape " + shape_string(t.sizes()) + ", the model's is " +
+                         shape_string(it->second.sizes()));
+  }
+  for (const auto& [k, t] : want)
+    if (!seen.count(k)) problems.push_back("missing key '" + k + "'");
+  if (problems.empty()) return;
+  std::string msg = what + " does not match the built-in model '" + model_name + "':";
+  for (const auto& p : problems) msg += "\n  " + p;
+  throw CheckpointError(msg);
+}
+
+}  // namespace
+
+LoadedCheckpoint load_checkpoint_tensors(Comm& comm, const std::string& path) {
+  LoadedCheckpoint ck;
+  ck.manifest = read_manifest(comm, path);
+  for (const auto& t : ck.manifest.model) {
+    torch::Tensor x = allocate(path, t);
+    ck.model.emplace_back(t.name, x);
+    ck.state.model.push_back(TensorRef{t.name, t.dtype, t.shape, x.data_ptr()});
+  }
+  for (const auto& t : ck.manifest.optimizer_state) {
+    torch::Tensor x = allocate(path, t);
+    ck.optimizer.emplace_back(t.name, x);
+    ck.state.optimizer.state.push_back(TensorRef{t.name, t.dtype, t.shape, x.data_ptr()});
+  }
+  load_checkpoint(comm, path, ck.state);
+  return ck;
+}
+
+size_t export_checkpoint(Comm& comm, const ExportOptions& o) {
+  const LoadedCheckpoint ck = load_checkpoint_tensors(comm, o.input);
+  std::string error;
+  if (comm.rank() == 0) {
+    try {
+      GenericDict model = str_dict();
+      for (const auto& [k, t] : ck.model) model.insert(o.add_prefix + k, t);
+
+      GenericDict scheduler = str_dict();
+      scheduler.insert("type", ck.state.scheduler.type);
+      for (const auto& [k, v] : ck.state.scheduler.values) scheduler.insert(k, v);
+
+      GenericDict data = str_dict();
+      data.insert("seed", static_cast<int64_t>(ck.state.data.seed));
+      data.insert("epoch", ck.state.data.epoch);
+      data.insert("position", ck.state.data.position);
+      data.insert("global_batch", ck.state.data.global_batch);
+
+      GenericDict meta = str_dict();
+      for (const auto& [k, v] : ck.state.meta) meta.insert(k, v);
+
+      GenericDict facts = str_dict();
+      facts.insert("source", o.input);
+      facts.insert("format_version", static_cast<int64_t>(ck.manifest.format_version));
+      facts.insert("world_size", static_cast<int64_t>(ck.manifest.world_size));
+      facts.insert("h5ddp_version", ck.manifest.h5ddp_version);
+      facts.insert("torch_version", ck.manifest.torch_version);
+      facts.insert("created", ck.manifest.created);
+
+      GenericDict root = str_dict();
+      root.insert("model", model);
+      root.insert("optimizer", optimizer_state_dict(ck));
+      root.insert("optimizer_type", ck.manifest.optimizer_type);
+      root.insert("step", ck.state.counters.step);
+      root.insert("epoch", ck.state.counters.epoch);
+      root.insert("samples_consumed", ck.state.counters.samples_consumed);
+      root.insert("lr_scheduler", scheduler);
+      root.insert("data", data);
+      if (ck.manifest.rng_cpu_bytes > 0) {  // row r: rank r's torch.get_rng_state()-compatible bytes
+        auto rng = torch::empty({static_cast<int64_t>(ck.state.rng_by_rank.size()),
+                                 static_cast<int64_t>(ck.manifest.rng_cpu_bytes)},
+                                torch::kUInt8);
+        for (size_t r = 0; r < ck.state.rng_by_rank.size(); ++r)
+          std::memcpy(rng[static_cast<int64_t>(r)].data_ptr(), ck.state.rng_by_rank[r].cpu.data(),
+                      ck.manifest.rng_cpu_bytes);
+        root.insert("rng_cpu", rng);
+      }
+      root.insert("meta", meta);
+      root.insert("h5ddp", facts);
+      write_file_atomically(o.output, torch::pickle_save(root));
+    } catch (const std::exception& e) {
+      error = std::string("writing ") + o.output + ": " + e.what();
+    }
+  }
+  comm.raise_if_any(error);
+  return ck.model.size();
+}
+
+size_t import_state_dict(Comm& comm, const ImportOptions& o) {
+  const fs::path out(o.output);
+  const std::string ext = format::kCheckpointSuffix;
+  std::string error;
+  if (out.filename().string().size() <= ext.size() || out.extension() != ext)
+    error = "--to " + o.output + ": the checkpoint file name must end in " + ext;
+  else if (!o.force && fs::exists(out))
+    error = o.output + " exists (pass --force to overwrite)";
+  comm.raise_if_any(error);
+
+  // Every rank reads the (small, local) input itself: no broadcast of tensors needed.
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  try {
+    const PyPtr top = read_torch_save(o.input);
+    const PyValue& sd = find_state_dict(o.input, *top);
+    std::set<std::string> keys;
+    const std::string prefix = "module.";
+    for (const auto& [k, v] : sd.dict) {
+      if (k->kind != PyValue::Kind::kStr)
+        throw CheckpointError(o.input + ": state dict has a key of type " + k->type_name() + ", expected str");
+      if (v->kind != PyValue::Kind::kTensor)
+        throw CheckpointError(o.input + ": state dict entry '" + k->s + "' is a " + v->type_name() +
+                              ", not a tensor");
+      std::string key = k->s.rfind(prefix, 0) == 0 ? k->s.substr(prefix.size()) : k->s;
+      if (!keys.insert(key).second)
+        throw CheckpointError(o.input + ": key '" + key + "' appears twice (with and without 'module.')");
+      with_context(o.input + ": state dict key '" + k->s + "'", [&] {
+        (void)format::model_dataset(key);  // refuses keys the format cannot store
+        (void)to_dtype(v->tensor.scalar_type());
+      });
+      tensors.emplace_back(key, v->tensor);
+    }
+    if (tensors.empty()) throw CheckpointError(o.input + ": the state dict holds no tensors");
+    if (!o.model.empty()) {
+      auto m = make_builtin(o.model, o.mlp_hidden);
+      check_against_model(o.input, o.model, tensors, named_tensors(*m));
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  comm.raise_if_any(error);
+
+  TrainState st;
+  for (auto& [k, t] : tensors) st.model.push_back(TensorRef{k, to_dtype(t.scalar_type()), t.sizes().vec(), t.data_ptr()});
+  st.meta["source"] = "h5ddp-ckpt import " + fs::path(o.input).filename().string();
+  st.meta["torch_version"] = TORCH_VERSION;
+  if (!o.model.empty()) st.meta["model"] = o.model;
+  SaveOptions so;
+  so.name = out.filename().string();
+  so.update_latest = false;  // a file the user named, not a run directory's newest checkpoint
+  so.keep_last = 0;
+  so.keep_every = 0;
+  const std::string dir = out.has_parent_path() ? out.parent_path().string() : ".";
+  save_checkpoint(comm, st, dir, so);
+  return tensors.size();
+}
+
+EvalResult evaluate_checkpoint(Comm& comm, const EvalOptions& o) {
+  LoadedCheckpoint ck = load_checkpoint_tensors(comm, o.input);
+  EvalResult r;
+  r.model = !o.model.empty() ? o.model : ck.state.meta.count("model") ? ck.state.meta.at("model") : "";
+  std::string error;
+  std::shared_ptr<Model> model;
+  ImageDataset data;
+  try {
+    if (r.model.empty())
+      throw CheckpointError(o.input + ": /meta names no model (pass --model cnn|mlp)");
+    std::vector<int64_t> hidden = {1024, 1024};
+    if (auto it = ck.state.meta.find("mlp_hidden"); it != ck.state.meta.end()) {
+      hidden.clear();
+      std::stringstream ss(it->second);
+      for (std::string w; std::getline(ss, w, ',');) hidden.push_back(std::stoll(w));
+    }
+    model = make_builtin(r.model, hidden);
+    auto dst = named_tensors(*model);
+    check_against_model(o.input, r.model, ck.model, dst);
+    torch::NoGradGuard no_grad;
+    for (const auto& [k, t] : ck.model) dst.at(k).copy_(t);
+    data = read_fashion_mnist(o.data_dir, o.split);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  comm.raise_if_any(error);
+
+  const int64_t begin = std::clamp<int64_t>(o.first, 0, data.count);
+  const int64_t end = std::clamp<int64_t>(o.first + o.count, begin, data.count);
+  r.images = end - begin;
+  if (r.images == 0) return r;
+  torch::NoGradGuard no_grad;
+  model->eval();
+  auto images = torch::from_blob(data.images.data(), {data.count, 1, data.rows, data.cols}).slice(0, begin, end);
+  auto labels = torch::from_blob(data.labels.data(), {data.count}, torch::kLong).slice(0, begin, end);
+  auto logits = model->forward(images);
+  r.loss = torch::nn::functional::cross_entropy(logits, labels).item<double>();
+  r.accuracy = logits.argmax(1).eq(labels).to(torch::kDouble).mean().item<double>();
+  return r;
+}
+
+}  // namespace h5ddp::interop

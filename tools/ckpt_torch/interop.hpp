@@ -1,0 +1,73 @@
+// h5ddp checkpoints <-> PyTorch: the work behind `h5ddp-ckpt export|import|eval` (run by h5ddp-ckpt-torch,
+// the one h5ddp-ckpt tool that links LibTorch).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "h5ddp/checkpoint.hpp"
+#include "h5ddp/comm.hpp"
+
+namespace h5ddp::interop {
+
+// A checkpoint read into LibTorch tensors that own their memory (CPU, contiguous).
+struct LoadedCheckpoint {
+  CheckpointManifest manifest;
+  TrainState state;  // counters, data, scheduler, optimizer groups, rng rows, meta (refs point into below)
+  std::vector<std::pair<std::string, torch::Tensor>> model;      // state-dict key -> tensor, file order
+  std::vector<std::pair<std::string, torch::Tensor>> optimizer;  // "<param>/<key>" -> tensor, file order
+};
+
+// Collective. Reads every tensor of `path` (checksums verified) through the checkpoint layer. Throws
+// CheckpointError naming the file for a non-HDF5 file, a non-h5ddp file or an unsupported version.
+LoadedCheckpoint load_checkpoint_tensors(Comm& comm, const std::string& path);
+
+struct ExportOptions {
+  std::string input;       // h5ddp checkpoint
+  std::string output;      // .pt file
+  std::string add_prefix;  // prepended to every model key (e.g. "module.")
+};
+
+// Collective (rank 0 writes). Writes a torch.load-able dict: model, optimizer (a state dict that
+// torch.optim's load_state_dict accepts: state and param_groups keyed by parameter name), optimizer_type,
+// step, epoch, samples_consumed, lr_scheduler, data, rng_cpu, meta, h5ddp (file facts). Returns the key count.
+size_t export_checkpoint(Comm& comm, const ExportOptions& options);
+
+struct ImportOptions {
+  std::string input;   // torch.save file
+  std::string output;  // h5ddp checkpoint to create
+  std::string model;   // "" or a built-in model name ("cnn", "mlp"): check keys and shapes against it
+  std::vector<int64_t> mlp_hidden = {1024, 1024};  // for model "mlp"
+  bool force = false;  // overwrite an existing output
+};
+
+// Collective. Reads a torch.save'd state dict (plain, or the "model" / "state_dict" entry of a dict;
+// "module." prefixes stripped) and writes it as a step-0, model-only h5ddp checkpoint. Returns the
+// number of tensors. Throws CheckpointError naming the input for anything that is not such a state dict.
+size_t import_state_dict(Comm& comm, const ImportOptions& options);
+
+struct EvalOptions {
+  std::string input;  // h5ddp checkpoint
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string split = "t10k";  // "t10k" | "train"
+  int64_t first = 0;           // first image
+  int64_t count = 1000;        // number of images (clipped to the split)
+  std::string model;           // "" = the model named in the checkpoint's /meta
+};
+
+struct EvalResult {
+  std::string model;
+  int64_t images = 0;
+  double loss = 0;      // mean cross-entropy, eval mode (no dropout), float32 forward
+  double accuracy = 0;  // fraction classified correctly
+};
+
+// Collective (every rank computes the same numbers). Builds the built-in model the checkpoint names, loads
+// its weights and evaluates images [first, first + count) of the split.
+EvalResult evaluate_checkpoint(Comm& comm, const EvalOptions& options);
+
+}  // namespace h5ddp::interop
