@@ -70,7 +70,7 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
   po::options_description model("Model");
   model.add_options()
       ("model", po::value(&c.model.name)->default_value(c.model.name), "cnn | mlp (see docs/MODELS.md)")
-      ("dropout", po::value(&c.model.dropout)->default_value(c.model.dropout), "dropout probability in [0, 1)")
+      ("dropout", po::value(&c.model.dropout)->default_value(c.model.dropout, "0.25"), "dropout probability in [0, 1)")
       ("mlp-hidden", po::value(&mlp_hidden)->default_value(mlp_hidden), "hidden layer widths of --model mlp, "
                                                                         "comma separated");
   po::options_description train("Training");
@@ -80,20 +80,24 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
                                                                          "in total (0 = no limit)")
       ("batch-size", po::value(&c.batch_size)->default_value(c.batch_size), "GLOBAL batch size over all ranks; "
                                                                             "must be divisible by the rank count")
-      ("lr", po::value(&c.lr)->default_value(c.lr), "learning rate")
+      ("lr", po::value(&c.lr)->default_value(c.lr, "0.001"), "learning rate")
       ("optimizer", po::value(&c.optimizer)->default_value(c.optimizer), "adam | adamw | sgd")
-      ("momentum", po::value(&c.momentum)->default_value(c.momentum), "SGD momentum")
+      ("momentum", po::value(&c.momentum)->default_value(c.momentum, "0.9"), "SGD momentum")
       ("weight-decay", po::value(&c.weight_decay)->default_value(c.weight_decay), "weight decay (L2 for adam/sgd, "
                                                                                   "decoupled for adamw)")
       ("lr-schedule", po::value(&c.lr_schedule)->default_value(c.lr_schedule), "constant | step | cosine "
                                                                                 "(cosine anneals to 0 over the run)")
       ("lr-step-size", po::value(&c.lr_step_size)->default_value(c.lr_step_size), "step schedule: multiply the lr "
                                                                                   "by --lr-gamma every N steps (0 = every epoch)")
-      ("lr-gamma", po::value(&c.lr_gamma)->default_value(c.lr_gamma), "step schedule: decay factor")
+      ("lr-gamma", po::value(&c.lr_gamma)->default_value(c.lr_gamma, "0.1"), "step schedule: decay factor")
       ("step-sleep-ms", po::value(&c.step_sleep_ms)->default_value(c.step_sleep_ms), "sleep after each step "
                                                                                      "(throttle for tests and demos)")
-      ("log-every", po::value(&c.log_every)->default_value(c.log_every), "progress line every N steps when stdout "
-                                                                         "is not a terminal (0 = about 20 lines a run)")
+      ("progress", po::value(&c.progress)->default_value(c.progress), "rank 0's progress display: auto | tty "
+                                                                       "(one line rewritten with \\r) | lines (auto: "
+                                                                       "tty on a terminal, lines under mpirun, whose "
+                                                                       "output is a pseudo-terminal even when piped)")
+      ("log-every", po::value(&c.log_every)->default_value(c.log_every), "progress line every N steps in lines mode "
+                                                                         "(0 = about 20 lines a run)")
       ("no-eval", po::bool_switch(&no_eval), "skip the evaluation on the test set at the end");
   po::options_description ckpt("Checkpoints");
   ckpt.add_options()
@@ -104,16 +108,20 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
       ("keep-last", po::value(&c.keep_last)->default_value(c.keep_last), "keep the newest K checkpoints (0 = all)")
       ("keep-every", po::value(&c.keep_every)->default_value(c.keep_every), "also keep every checkpoint whose step "
                                                                             "is a multiple of M (0 = off)")
+      ("async-checkpoint", po::bool_switch(&c.async_checkpoint), "write periodic checkpoints in the background "
+                                                                 "(training blocks only for a copy to host memory)")
       ("no-fsync", po::bool_switch(&no_fsync), "do not fsync checkpoint files (faster, not crash-safe)")
       ("no-final-checkpoint", po::bool_switch(&no_final), "do not save when training ends")
       ("resume", po::value(&c.resume)->default_value(c.resume), "auto: newest valid checkpoint in --run-dir, "
                                                                 "fresh start if none | none | PATH of a checkpoint")
       ("init-from", po::value(&c.init_from), "initialise the model weights (only) from this checkpoint");
 
-  po::options_description all("h5ddp-train: data-parallel training of LibTorch models on MPI, with parallel-HDF5 "
-                              "checkpoints.\nUsage: mpirun -np N h5ddp-train [options]\n\nExit codes: 0 done, "
-                              "75 saved after SIGUSR1/SIGTERM (requeue me), 130 saved after SIGINT, 1 error, "
-                              "2 bad options.\n");
+  const char* intro =
+      "h5ddp-train: data-parallel training of LibTorch models on MPI, with parallel-HDF5 checkpoints.\n"
+      "Usage: mpirun -np N h5ddp-train [options]\n"
+      "Exit codes: 0 done, 75 saved after SIGUSR1/SIGTERM (requeue me), 130 saved after SIGINT, 1 error,\n"
+      "2 bad options.\n";
+  po::options_description all;
   all.add(general).add(model).add(train).add(ckpt);
 
   ParsedArgs out;
@@ -122,7 +130,7 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
     po::store(po::parse_command_line(argc, argv, all), vm);
     if (vm.count("help")) {
       std::ostringstream os;
-      os << all;
+      os << intro << all;
       out.message = os.str();
       out.exit_code = 0;
       return out;
@@ -161,6 +169,8 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
     require(c.keep_every >= 0, "keep-every", c.keep_every, "must be >= 0");
     require(c.step_sleep_ms >= 0, "step-sleep-ms", c.step_sleep_ms, "must be >= 0");
     require(!c.resume.empty(), "resume", c.resume, "must be auto, none or a checkpoint path");
+    require(c.progress == "auto" || c.progress == "tty" || c.progress == "lines", "progress", c.progress,
+            "must be auto, tty or lines");
     out.config = c;
   } catch (const po::error& e) {
     out.message = std::string("h5ddp-train: ") + e.what() + " (see --help)";

@@ -1,6 +1,7 @@
 #include "h5ddp/stop_signal.hpp"
 
 #include <csignal>
+#include <initializer_list>
 
 namespace h5ddp::stop_signal {
 namespace {

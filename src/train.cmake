@@ -20,3 +20,6 @@ foreach(dep h5ddp_io h5ddp_ddp)
   endif()
 endforeach()
 h5ddp_torch_target(h5ddp_train)
+# Torch-free sources skip the precompiled <torch/torch.h>.
+set_source_files_properties(data.cpp sampler.cpp config.cpp lr_schedule.cpp stop_signal.cpp
+  PROPERTIES SKIP_PRECOMPILE_HEADERS ON)

@@ -6,9 +6,11 @@
 #include <csignal>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
+#include "h5ddp/async_checkpoint.hpp"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/data.hpp"
 #include "h5ddp/ddp.hpp"
@@ -89,9 +91,16 @@ double evaluate(Model& model, const ImageDataset& test, Comm& comm) {
 // Rank 0's progress display: '\r'-updated line on a terminal, a line every `every` steps otherwise.
 class Progress {
  public:
-  Progress(bool enabled, int64_t total_steps, int64_t log_every)
-      : enabled_(enabled), tty_(enabled && ::isatty(STDOUT_FILENO)), total_(total_steps),
+  Progress(bool enabled, const std::string& mode, int64_t total_steps, int64_t log_every)
+      : enabled_(enabled), tty_(enabled && use_tty(mode)), total_(total_steps),
         every_(log_every > 0 ? log_every : std::max<int64_t>(1, total_steps / 20)) {}
+
+  // Open MPI hands its ranks a pseudo-terminal even when mpirun's own output is a pipe or a file, so
+  // under mpirun "auto" means lines; --progress tty (e.g. from a launch script that saw a terminal) forces it.
+  static bool use_tty(const std::string& mode) {
+    if (mode != "auto") return mode == "tty";
+    return ::isatty(STDOUT_FILENO) && !std::getenv("OMPI_COMM_WORLD_SIZE");
+  }
 
   void start(int64_t step) {
     start_step_ = step;
@@ -265,7 +274,11 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
   }
 
   int64_t last_saved_step = result.resumed_from.empty() ? -1 : counters.step;
-  auto save = [&]() {
+  // --async-checkpoint: training blocks only for the copy into host buffers; the final save and a
+  // signal's save wait for the file to be committed before the process exits.
+  std::unique_ptr<AsyncCheckpointer> async;
+  if (config.async_checkpoint) async = std::make_unique<AsyncCheckpointer>(comm);
+  auto save = [&](bool wait_for_commit) {
     TrainState st;
     binding.export_state(st);
     st.counters = counters;
@@ -276,14 +289,18 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
     o.fsync = config.fsync;
     o.keep_last = config.keep_last;
     o.keep_every = config.keep_every;
-    const SaveResult r = save_checkpoint(comm, st, config.run_dir, o);
     last_saved_step = counters.step;
+    if (async) {
+      async->start(st, config.run_dir, o);
+      if (wait_for_commit) result.last_checkpoint = async->wait().path;
+      return;
+    }
+    const SaveResult r = save_checkpoint(comm, st, config.run_dir, o);
     result.last_checkpoint = r.path;
     log::debug("saved " + r.path + " in " + std::to_string(r.seconds) + " s");
-    return r;
   };
 
-  Progress progress(root, total_steps, config.log_every);
+  Progress progress(root, config.progress, total_steps, config.log_every);
   progress.start(counters.step);
   auto last_save_time = Clock::now();
   const auto t_start = Clock::now();
@@ -326,8 +343,9 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
     if (agree[2] > 0) stop_code = stop_signal::kExitInterrupted;
 
     const bool step_due = config.checkpoint_every_steps > 0 && counters.step % config.checkpoint_every_steps == 0;
+    if (async && async->in_flight()) async->poll();  // a background failure throws here, on all ranks
     if (step_due || agree[3] > 0 || stop_code != 0) {
-      save();
+      save(stop_code != 0);
       last_save_time = Clock::now();
     }
     if (stop_code != 0) break;
@@ -351,14 +369,18 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
     return result;
   }
 
-  if (config.final_checkpoint && last_saved_step != counters.step) save();
+  if (config.final_checkpoint && last_saved_step != counters.step) save(true);
+  if (async) {
+    const SaveResult r = async->wait();
+    if (!r.path.empty()) result.last_checkpoint = r.path;
+  }
   if (config.evaluate) result.test_accuracy = evaluate(*model, test_set, comm);
 
   if (root) {
     const std::string ckpt = !result.last_checkpoint.empty() ? result.last_checkpoint : result.resumed_from;
-    std::printf("trained %lld steps (epoch %lld/%lld) in %.1f s at %d ranks\n", static_cast<long long>(counters.step),
-                static_cast<long long>(std::min(data.epoch, config.epochs)), static_cast<long long>(config.epochs),
-                result.train_seconds, world);
+    std::printf("trained to step %lld (%lld of %lld epochs complete) in %.1f s at %d ranks\n",
+                static_cast<long long>(counters.step), static_cast<long long>(std::min(data.epoch, config.epochs)),
+                static_cast<long long>(config.epochs), result.train_seconds, world);
     if (config.evaluate) std::printf("test accuracy: %.2f%% on %lld images\n", 100.0 * result.test_accuracy,
                                      static_cast<long long>(test_set.count));
     if (!ckpt.empty()) {

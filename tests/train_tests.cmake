@@ -25,6 +25,8 @@ if(TARGET h5ddp-train)
     h5ddp_add_script_test(NAME train_resume_elastic.${opt} LABELS mpi slow TIMEOUT 300 PROCESSORS 4
       COMMAND bash ${train_script_dir}/resume_elastic.sh ${opt})
   endforeach()
+  h5ddp_add_script_test(NAME train_async_equals_sync.np2 LABELS mpi TIMEOUT 300 PROCESSORS 2
+    COMMAND bash ${train_script_dir}/async_equals_sync.sh 2)
   foreach(np 2 4)
     h5ddp_add_script_test(NAME train_kill_one_rank.np${np} LABELS mpi slow TIMEOUT 300 PROCESSORS ${np}
       COMMAND bash ${train_script_dir}/kill_one_rank.sh ${np})

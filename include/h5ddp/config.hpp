@@ -38,10 +38,12 @@ struct TrainConfig {
   int keep_last = 3;
   int keep_every = 0;
   bool fsync = true;
+  bool async_checkpoint = false;   // write checkpoints on a background thread (blocks only for a copy)
   std::string resume = "auto";     // auto | none | <checkpoint path>
   std::string init_from;           // weights-only initialisation from a checkpoint
   int threads = 1;                 // torch intra-op threads per rank
   int64_t step_sleep_ms = 0;       // sleep after every step (tests and demos)
+  std::string progress = "auto";  // auto | tty | lines
   int64_t log_every = 0;           // progress line every N steps when stdout is not a TTY (0 = auto)
   bool evaluate = true;            // evaluate on the test set at the end
   bool final_checkpoint = true;    // save at the end of training

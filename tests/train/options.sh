@@ -6,8 +6,9 @@ source "$(dirname "$0")/lib.sh"
 
 help=$("$TRAIN" --help)
 for opt in config data-dir run-dir threads seed model dropout mlp-hidden epochs max-steps batch-size lr \
-  optimizer momentum weight-decay lr-schedule lr-step-size lr-gamma step-sleep-ms log-every no-eval \
-  checkpoint-every-steps checkpoint-every-seconds keep-last keep-every no-fsync no-final-checkpoint resume init-from; do
+  optimizer momentum weight-decay lr-schedule lr-step-size lr-gamma step-sleep-ms progress log-every no-eval \
+  checkpoint-every-steps checkpoint-every-seconds keep-last keep-every no-fsync async-checkpoint no-final-checkpoint \
+  resume init-from; do
   grep -q -- "--$opt" <<<"$help" || fail "--help does not document --$opt"
 done
 grep -q "75" <<<"$help" || fail "--help does not document exit code 75"
