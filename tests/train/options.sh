@@ -24,6 +24,7 @@ expect_error() {
   [ "$rc" -ne 124 ] || fail "'$*' hung"
   grep -q -- "$pattern" "$WORK/err.log" || { cat "$WORK/err.log"; fail "'$*' did not say '$pattern'"; }
 }
+COMMON=(--no-eval --no-fsync)
 expect_error 2 "batch-size 0: must be positive" --batch-size 0 --run-dir "$WORK/x"
 expect_error 2 "unknown model" --model resnet --run-dir "$WORK/x"
 expect_error 2 "unknown optimizer" --optimizer lamb --run-dir "$WORK/x"
