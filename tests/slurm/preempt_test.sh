@@ -104,7 +104,7 @@ wait_checkpoint_after 0
 echo "$(now) checkpoint $(latest_step) committed; preempting job $jid: scancel --signal=USR1 --batch"
 scancel --signal=USR1 --batch "$jid"
 
-# The uninterrupted reference runs while the job waits to be requeued (cred_expire ~10 s).
+# The uninterrupted reference runs while the job waits to be requeued (~8 s, cred_expire=5).
 env -u SLURM_CONF -u H5DDP_LOCAL_SLURM timeout 300 mpirun -np 2 --oversubscribe "$train" --run-dir "$ref_run" \
   --resume auto $train_args >"$work/ref.out" 2>&1 &
 ref_pid=$!
