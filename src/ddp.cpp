@@ -133,6 +133,9 @@ void DistributedDataParallel::check_same_model() {
   for (const auto& b : buffers_) has_cuda = has_cuda || b.is_cuda();
   if (has_cuda && options_.device_comm == nullptr)
     local_error = "DDP: the module has CUDA tensors but DdpOptions::device_comm (an NcclComm) is not set";
+  if (options_.device_comm && options_.device_comm->size() != comm_.size())
+    local_error = "DDP: device_comm has " + std::to_string(options_.device_comm->size()) + " ranks, comm has " +
+                  std::to_string(comm_.size());
   for (const auto& p : params_) {
     if (!p.is_cuda() && !p.device().is_cpu()) local_error = "DDP: unsupported device " + p.device().str();
     if (p.is_sparse()) local_error = "DDP: sparse parameters are not supported";
@@ -148,7 +151,7 @@ void DistributedDataParallel::check_same_model() {
   for (size_t i = 0; i < params_.size(); ++i) {
     std::ostringstream s;
     s << "parameter '" << param_names_[i] << "' " << dtype_name(to_dtype(params_[i].scalar_type()))
-      << params_[i].sizes();
+      << params_[i].sizes() << " on " << (params_[i].is_cuda() ? "cuda" : "cpu");
     entries.push_back(s.str());
   }
   for (const auto& item : module_->named_buffers(true)) {
@@ -296,10 +299,11 @@ void DistributedDataParallel::launch(size_t b, bool from_hook) {
   // Launched from a hook, the last bucket means every parameter was used; finish_backward writes the count
   // itself before it launches the rest.
   if (from_hook && b + 1 == buckets_.size()) st.buffer.narrow(0, st.grad_numel, 1).zero_();
-  st.work = st.comm->allreduce_async(st.buffer.data_ptr(), static_cast<size_t>(st.buffer.numel()),
-                                     to_dtype(st.buffer.scalar_type()), ReduceOp::kSum);
   ++stats_.buckets_launched;
   if (from_hook) ++stats_.buckets_launched_in_backward;
+  if (st.comm->size() == 1) return;  // nothing to average with; the bucket already holds the result
+  st.work = st.comm->allreduce_async(st.buffer.data_ptr(), static_cast<size_t>(st.buffer.numel()),
+                                     to_dtype(st.buffer.scalar_type()), ReduceOp::kSum);
   stats_.bytes_reduced += st.buffer.nbytes();
 }
 
@@ -349,6 +353,7 @@ void DistributedDataParallel::finish_backward() {
 
   const auto tw = Clock::now();
   for (auto& st : bucket_state_) {
+    if (!st->work) continue;
     st->work->wait();
     st->work.reset();
   }
@@ -364,7 +369,8 @@ void DistributedDataParallel::finish_backward() {
   }
 
   const double world = comm_.size();
-  for (auto& st : bucket_state_) st->buffer.narrow(0, 0, st->grad_numel).div_(world);
+  if (world > 1)
+    for (auto& st : bucket_state_) st->buffer.narrow(0, 0, st->grad_numel).div_(world);
   for (size_t i = 0; i < params_.size(); ++i) {
     torch::Tensor& grad = params_[i].mutable_grad();
     if (used_map.defined() && used_map[static_cast<int64_t>(i)].item<int32_t>() == 0 && !grad.defined()) continue;

@@ -1,6 +1,8 @@
 #include "h5ddp/mpi_comm.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <condition_variable>
 #include <cstdlib>
@@ -49,16 +51,29 @@ class MpiWork final : public Work {
   bool done_ = false;
 };
 
-// Completion state shared by a queued allreduce and its Work handle.
+// Completion state shared by a queued allreduce and its Work handle. Either `reqs` holds the requests of
+// an MPI_Iallreduce the caller started (kProgress: the worker only tests them), or it is empty and the
+// worker runs a blocking MPI_Allreduce on (buf, count) itself (kThread).
 struct ThreadOp {
-  void* buf;
-  size_t count;
-  DType dtype;
-  ReduceOp op;
+  void* buf = nullptr;
+  size_t count = 0;
+  DType dtype = DType::kU8;
+  ReduceOp op = ReduceOp::kSum;
+  std::vector<MPI_Request> reqs;
+  std::atomic<int>* waiters = nullptr;  // the worker polls without sleeping while someone waits
   std::mutex mutex;
   std::condition_variable cv;
   bool done = false;
   std::exception_ptr error;
+
+  void complete(std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      error = e;
+      done = true;
+    }
+    cv.notify_all();
+  }
 };
 
 class ThreadWork final : public Work {
@@ -66,12 +81,11 @@ class ThreadWork final : public Work {
   explicit ThreadWork(std::shared_ptr<ThreadOp> op) : op_(std::move(op)) {}
   ~ThreadWork() override {
     // The buffer belongs to the caller: never return before the worker is done with it.
-    std::unique_lock<std::mutex> lock(op_->mutex);
-    op_->cv.wait(lock, [&] { return op_->done; });
+    block();
   }
   void wait() override {
-    std::unique_lock<std::mutex> lock(op_->mutex);
-    op_->cv.wait(lock, [&] { return op_->done; });
+    block();
+    std::lock_guard<std::mutex> lock(op_->mutex);
     if (op_->error) {
       auto e = op_->error;
       op_->error = nullptr;  // rethrown once
@@ -84,6 +98,13 @@ class ThreadWork final : public Work {
   }
 
  private:
+  void block() {
+    std::unique_lock<std::mutex> lock(op_->mutex);
+    if (op_->done) return;
+    op_->waiters->fetch_add(1);
+    op_->cv.wait(lock, [&] { return op_->done; });
+    op_->waiters->fetch_sub(1);
+  }
   std::shared_ptr<ThreadOp> op_;
 };
 
@@ -97,22 +118,44 @@ void allreduce_chunked(MPI_Comm comm, void* buf, size_t count, DType dtype, Redu
   }
 }
 
+std::vector<MPI_Request> iallreduce_chunked(MPI_Comm comm, void* buf, size_t count, DType dtype, ReduceOp op) {
+  auto* p = static_cast<char*>(buf);
+  const size_t es = dtype_size(dtype);
+  std::vector<MPI_Request> reqs;
+  for (size_t off = 0; off < count || (count == 0 && off == 0); off += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, count - off));
+    MPI_Request r;
+    H5DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, p + off * es, n, mpi_datatype(dtype), mpi_op(op), comm, &r));
+    reqs.push_back(r);
+    if (count == 0) break;
+  }
+  return reqs;
+}
+
+std::chrono::microseconds poll_interval() {
+  const char* e = std::getenv("H5DDP_MPI_POLL_US");
+  return std::chrono::microseconds(e ? std::max(0, std::atoi(e)) : 50);
+}
+
 }  // namespace
 
-// One thread per communicator running queued allreduces in submission order (so the order of collectives
-// on the async communicator is the order ranks called allreduce_async in, as MPI requires).
+// One thread per communicator. kThread: runs queued allreduces (blocking) in submission order, which is the
+// order ranks called allreduce_async in, as MPI requires. kProgress: tests the requests of non-blocking
+// allreduces the caller started, sleeping `poll_interval` between unproductive rounds (so it costs little
+// CPU next to backward) and not sleeping while a caller waits.
 class MpiComm::Worker {
  public:
-  explicit Worker(MPI_Comm comm) : comm_(comm), thread_([this] { loop(); }) {}
+  explicit Worker(MPI_Comm comm) : comm_(comm), interval_(poll_interval()), thread_([this] { loop(); }) {}
   ~Worker() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
     }
     cv_.notify_one();
-    thread_.join();  // drains the queue first: queued operations are collectives other ranks expect
+    thread_.join();  // finishes queued and active operations: they are collectives other ranks expect
   }
   void submit(std::shared_ptr<ThreadOp> op) {
+    op->waiters = &waiters_;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       queue_.push_back(std::move(op));
@@ -122,31 +165,55 @@ class MpiComm::Worker {
 
  private:
   void loop() {
+    std::vector<std::shared_ptr<ThreadOp>> active;  // kProgress requests being tested
     for (;;) {
-      std::shared_ptr<ThreadOp> op;
+      std::deque<std::shared_ptr<ThreadOp>> incoming;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        op = std::move(queue_.front());
-        queue_.pop_front();
+        if (active.empty()) cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (stop_ && queue_.empty() && active.empty()) return;
+        incoming.swap(queue_);
       }
-      std::exception_ptr error;
-      try {
-        allreduce_chunked(comm_, op->buf, op->count, op->dtype, op->op);
-      } catch (...) {
-        error = std::current_exception();
+      for (auto& op : incoming) {
+        if (!op->reqs.empty()) {
+          active.push_back(std::move(op));
+          continue;
+        }
+        std::exception_ptr error;
+        try {
+          allreduce_chunked(comm_, op->buf, op->count, op->dtype, op->op);
+        } catch (...) {
+          error = std::current_exception();
+        }
+        op->complete(error);
       }
-      {
-        std::lock_guard<std::mutex> lock(op->mutex);
-        op->error = error;
-        op->done = true;
+      if (active.empty()) continue;
+      bool progressed = false;
+      for (size_t i = 0; i < active.size();) {
+        int flag = 0;
+        std::exception_ptr error;
+        try {
+          H5DDP_CHECK_MPI(MPI_Testall(static_cast<int>(active[i]->reqs.size()), active[i]->reqs.data(), &flag,
+                                      MPI_STATUSES_IGNORE));
+        } catch (...) {
+          error = std::current_exception();
+          flag = 1;
+        }
+        if (flag) {
+          active[i]->complete(error);
+          active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
+          progressed = true;
+        } else {
+          ++i;
+        }
       }
-      op->cv.notify_all();
+      if (!progressed && waiters_.load() == 0 && interval_.count() > 0) std::this_thread::sleep_for(interval_);
     }
   }
 
   MPI_Comm comm_;
+  std::chrono::microseconds interval_;
+  std::atomic<int> waiters_{0};
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<ThreadOp>> queue_;
@@ -160,19 +227,20 @@ MpiComm::AsyncMode MpiComm::default_async_mode() {
   if (const char* e = std::getenv("H5DDP_MPI_ASYNC")) {
     if (std::strcmp(e, "thread") == 0) return AsyncMode::kThread;
     if (std::strcmp(e, "nonblocking") == 0) return AsyncMode::kNonBlocking;
-    throw ConfigError(std::string("H5DDP_MPI_ASYNC must be 'thread' or 'nonblocking', not '") + e + "'");
+    if (std::strcmp(e, "progress") == 0) return AsyncMode::kProgress;
+    throw ConfigError(std::string("H5DDP_MPI_ASYNC must be 'thread', 'progress' or 'nonblocking', not '") + e + "'");
   }
   int provided = MPI_THREAD_SINGLE;
   MPI_Query_thread(&provided);
-  return provided >= MPI_THREAD_MULTIPLE ? AsyncMode::kThread : AsyncMode::kNonBlocking;
+  return provided >= MPI_THREAD_MULTIPLE ? AsyncMode::kProgress : AsyncMode::kNonBlocking;
 }
 
 void MpiComm::set_async_mode(AsyncMode mode) {
-  if (mode == AsyncMode::kThread) {
+  if (mode != AsyncMode::kNonBlocking) {
     int provided = MPI_THREAD_SINGLE;
     MPI_Query_thread(&provided);
     H5DDP_CHECK(provided >= MPI_THREAD_MULTIPLE,
-                "MpiComm: the thread async mode needs MPI_THREAD_MULTIPLE (MPI granted level " +
+                "MpiComm: the thread and progress async modes need MPI_THREAD_MULTIPLE (MPI granted level " +
                     std::to_string(provided) + ")");
   }
   async_mode_ = mode;
@@ -247,13 +315,15 @@ void MpiComm::allreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
 
 std::unique_ptr<Work> MpiComm::allreduce_async(void* buf, size_t count, DType dtype, ReduceOp op) {
   H5DDP_CHECK(dtype != DType::kF16 && dtype != DType::kBF16, "MPI allreduce of 16-bit floats is not supported");
-  if (async_mode_ == AsyncMode::kThread) {
+  if (async_mode_ != AsyncMode::kNonBlocking) {
     if (!worker_) worker_ = std::make_unique<Worker>(async_comm_);
     auto state = std::make_shared<ThreadOp>();
     state->buf = buf;
     state->count = count;
     state->dtype = dtype;
     state->op = op;
+    // kProgress: started here, on the caller's thread, so the start order is the call order.
+    if (async_mode_ == AsyncMode::kProgress) state->reqs = iallreduce_chunked(async_comm_, buf, count, dtype, op);
     worker_->submit(state);
     return std::make_unique<ThreadWork>(std::move(state));
   }

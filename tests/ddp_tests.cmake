@@ -1,4 +1,7 @@
-# DDP layer tests (included from tests/CMakeLists.txt).
+# DDP layer tests (included from tests/CMakeLists.txt), and MpiComm's asynchronous progress modes.
+h5ddp_add_test_exe(mpi_comm_async_test mpi_comm_async_test.cpp)
+h5ddp_add_mpi_test(NAME mpi_comm_async EXE mpi_comm_async_test RANKS 1 2 4 LABELS unit TIMEOUT 60)
+
 h5ddp_add_test_exe(bucketing_test bucketing_test.cpp)
 target_link_libraries(bucketing_test PRIVATE h5ddp_ddp)
 h5ddp_add_mpi_test(NAME bucketing EXE bucketing_test RANKS 1 LABELS unit TIMEOUT 60)

@@ -18,11 +18,14 @@ MPI_Op mpi_op(ReduceOp op);
 class MpiComm final : public Comm {
  public:
   // How allreduce_async makes progress. Open MPI advances non-blocking collectives only inside MPI calls,
-  // so kNonBlocking (MPI_Iallreduce) progresses only when the caller tests or waits; kThread hands the
-  // operation to a worker thread that runs a blocking MPI_Allreduce (needs MPI_THREAD_MULTIPLE), so it
-  // advances while the caller computes. docs/BENCHMARKS.md (DDP) compares the two.
-  enum class AsyncMode { kNonBlocking, kThread };
-  // H5DDP_MPI_ASYNC=thread|nonblocking, else kThread when MPI granted MPI_THREAD_MULTIPLE, else kNonBlocking.
+  // so kNonBlocking (MPI_Iallreduce) progresses only when the caller tests or waits. kThread hands the
+  // operation to a worker thread that runs a blocking MPI_Allreduce; kProgress starts MPI_Iallreduce on
+  // the caller's thread and a worker thread tests it every H5DDP_MPI_POLL_US (default 50) microseconds.
+  // Both advance while the caller computes and need MPI_THREAD_MULTIPLE. docs/BENCHMARKS.md (DDP)
+  // compares the three.
+  enum class AsyncMode { kNonBlocking, kThread, kProgress };
+  // H5DDP_MPI_ASYNC=thread|progress|nonblocking; else kProgress when MPI granted MPI_THREAD_MULTIPLE,
+  // else kNonBlocking.
   static AsyncMode default_async_mode();
 
 
@@ -40,7 +43,7 @@ class MpiComm final : public Comm {
   void broadcast(void* buf, size_t count, DType dtype, int root) override;
   void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
   // MPI_Iallreduce on the async communicator; Work::test() calls MPI_Test to drive progress.
-  // In kThread mode the operation is queued to this communicator's worker thread instead.
+  // In kThread/kProgress modes this communicator's worker thread completes the operation.
   std::unique_ptr<Work> allreduce_async(void* buf, size_t count, DType dtype, ReduceOp op) override;
   void allgather(const void* send, void* recv, size_t count, DType dtype) override;
   void barrier() override;
@@ -48,7 +51,9 @@ class MpiComm final : public Comm {
   // Local, but every rank must choose the same mode, and only while no asynchronous operation is in flight.
   void set_async_mode(AsyncMode mode);
   AsyncMode async_mode() const { return async_mode_; }
-  std::string async_mode_name() const { return async_mode_ == AsyncMode::kThread ? "thread" : "nonblocking"; }
+  std::string async_mode_name() const {
+    return async_mode_ == AsyncMode::kThread ? "thread" : async_mode_ == AsyncMode::kProgress ? "progress" : "nonblocking";
+  }
 
  private:
   class Worker;
@@ -57,7 +62,7 @@ class MpiComm final : public Comm {
   MPI_Comm async_comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   AsyncMode async_mode_ = AsyncMode::kNonBlocking;
-  std::unique_ptr<Worker> worker_;  // started on the first kThread operation
+  std::unique_ptr<Worker> worker_;  // started on the first kThread/kProgress operation
 };
 
 }  // namespace h5ddp
