@@ -4,6 +4,9 @@
 set(H5DDP_SLURM_DIR ${CMAKE_CURRENT_SOURCE_DIR}/slurm)
 
 if(TARGET h5ddp-env)
+  # The same checks without Slurm (mpirun at 1, 2, 4 ranks): runs where Slurm tests are skipped (not root).
+  h5ddp_add_script_test(NAME env.discovery.mpirun LABELS unit mpi TIMEOUT 120
+    COMMAND bash ${H5DDP_SLURM_DIR}/discovery_test.sh --mpirun-only $<TARGET_FILE:h5ddp-env>)
   h5ddp_add_script_test(NAME slurm.discovery LABELS slurm TIMEOUT 180
     COMMAND bash ${H5DDP_SLURM_DIR}/discovery_test.sh $<TARGET_FILE:h5ddp-env>)
   set_tests_properties(slurm.discovery PROPERTIES RESOURCE_LOCK h5ddp_slurm SKIP_RETURN_CODE 77)

@@ -28,10 +28,10 @@ std::string env_or_dash(const char* name) {
 std::string describe(const h5ddp::MpiEnv& env) {
   std::string line = "rank=" + std::to_string(env.rank()) + " size=" + std::to_string(env.size()) +
                      " local_rank=" + std::to_string(env.local_rank()) +
-                     " local_size=" + std::to_string(env.local_size()) +
-                     " nodes=" + std::to_string(env.num_nodes()) + " host=" + env.hostname();
-  for (const char* name : {"SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_STEP_ID",
-                           "SLURM_RESTART_COUNT"}) {
+                     " local_size=" + std::to_string(env.local_size()) + " nodes=" + std::to_string(env.num_nodes()) +
+                     " host=" + env.hostname();
+  for (const char* name :
+       {"SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"}) {
     std::string key = name;
     for (auto& c : key) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     line += " " + key + "=" + env_or_dash(name);

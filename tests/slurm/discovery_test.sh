@@ -5,12 +5,70 @@
 #   3. by `mpirun -np 2` inside an `sbatch -n 2` batch script (there every rank sees SLURM_PROCID=0, which is
 #      why h5ddp takes rank and local rank from MPI, never from Slurm's variables).
 # Each rank's MPI view (rank, size, local rank, local size, nodes) must be right, and under srun it must
-# match SLURM_PROCID/SLURM_LOCALID.
-#   usage: discovery_test.sh /path/to/h5ddp-env
+# match SLURM_PROCID/SLURM_LOCALID. With --mpirun-only: just `mpirun -np 1|2|4`, no Slurm (needs no root).
+#   usage: discovery_test.sh [--mpirun-only] /path/to/h5ddp-env
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-env_bin=${1:?usage: $0 /path/to/h5ddp-env}
+mpirun_only=0
+if [ "${1:-}" = --mpirun-only ]; then
+  mpirun_only=1
+  shift
+fi
+env_bin=${1:?usage: $0 [--mpirun-only] /path/to/h5ddp-env}
 [ -x "$env_bin" ] || { echo "FAIL: $env_bin is not an executable" >&2; exit 1; }
+
+failures=0
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+# field LINE KEY: the value of KEY=... in one h5ddp-env line.
+field() {
+  local w
+  for w in $1; do [[ $w == "$2="* ]] && { echo "${w#*=}"; return 0; }; done
+  return 0
+}
+
+# check_lines WHAT FILE NP MODE: NP lines, line i is rank i with local rank i on one node.
+# MODE "srun": SLURM_PROCID/LOCALID equal the MPI rank; "mpirun": inside a Slurm job, whatever its
+# variables say; "plain": no Slurm job at all.
+check_lines() {
+  local what=$1 file=$2 np=$3 mode=$4 i line n before=$failures
+  n=$(grep -c '^rank=' "$file" || true)
+  [ "$n" -eq "$np" ] || { fail "$what: $n rank lines, expected $np: $(cat "$file")"; return; }
+  for ((i = 0; i < np; i++)); do
+    line=$(grep "^rank=$i " "$file" || true)
+    [ -n "$line" ] || { fail "$what: no line for rank $i"; continue; }
+    [ "$(field "$line" size)" = "$np" ] || fail "$what: rank $i: size $(field "$line" size) != $np"
+    [ "$(field "$line" local_rank)" = "$i" ] || fail "$what: rank $i: local_rank $(field "$line" local_rank) != $i"
+    [ "$(field "$line" local_size)" = "$np" ] || fail "$what: rank $i: local_size $(field "$line" local_size)"
+    [ "$(field "$line" nodes)" = 1 ] || fail "$what: rank $i: nodes $(field "$line" nodes) != 1"
+    if [ "$mode" = plain ]; then
+      [ "$(field "$line" slurm_job_id)" = - ] || fail "$what: rank $i: inside Slurm job $(field "$line" slurm_job_id)"
+    else
+      [ "$(field "$line" slurm_job_id)" != - ] || fail "$what: rank $i: not inside a Slurm job"
+    fi
+    if [ "$mode" = srun ]; then
+      [ "$(field "$line" slurm_procid)" = "$i" ] || fail "$what: rank $i: SLURM_PROCID $(field "$line" slurm_procid)"
+      [ "$(field "$line" slurm_localid)" = "$i" ] || fail "$what: rank $i: SLURM_LOCALID $(field "$line" slurm_localid)"
+    fi
+  done
+  [ "$failures" -ne "$before" ] || echo "ok: $what"
+}
+
+if [ "$mpirun_only" -eq 1 ]; then
+  out=$(mktemp)
+  trap 'rm -f "$out"' EXIT
+  for np in 1 2 4; do
+    env -u SLURM_JOB_ID -u SLURM_JOBID timeout 60 mpirun -np "$np" --oversubscribe "$env_bin" >"$out" 2>&1 ||
+      fail "mpirun -np $np exited $?"
+    check_lines "mpirun -np $np" "$out" "$np" plain
+  done
+  [ "$failures" -eq 0 ] && echo "PASS: discovery under mpirun"
+  exit $((failures > 0))
+fi
+
 if [ "$(id -u)" -ne 0 ]; then
   echo "SKIP: a private slurmd must run as root"
   exit 77
@@ -29,41 +87,6 @@ finish() {
 trap finish EXIT
 "$here/local_slurm.sh" start "$cluster" 4
 eval "$("$here/local_slurm.sh" env "$cluster")"
-
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
-
-# field LINE KEY: the value of KEY=... in one h5ddp-env line.
-field() {
-  local w
-  for w in $1; do [[ $w == "$2="* ]] && { echo "${w#*=}"; return 0; }; done
-  return 0
-}
-
-# check_lines WHAT FILE NP SLURM_MODE: NP lines, line i is rank i with local rank i on one node.
-# SLURM_MODE "srun": SLURM_PROCID/LOCALID equal the MPI rank; "mpirun": they are 0 on every rank.
-check_lines() {
-  local what=$1 file=$2 np=$3 mode=$4 i line n before=$failures
-  n=$(grep -c '^rank=' "$file" || true)
-  [ "$n" -eq "$np" ] || { fail "$what: $n rank lines, expected $np: $(cat "$file")"; return; }
-  for ((i = 0; i < np; i++)); do
-    line=$(grep "^rank=$i " "$file" || true)
-    [ -n "$line" ] || { fail "$what: no line for rank $i"; continue; }
-    [ "$(field "$line" size)" = "$np" ] || fail "$what: rank $i: size $(field "$line" size) != $np"
-    [ "$(field "$line" local_rank)" = "$i" ] || fail "$what: rank $i: local_rank $(field "$line" local_rank) != $i"
-    [ "$(field "$line" local_size)" = "$np" ] || fail "$what: rank $i: local_size $(field "$line" local_size)"
-    [ "$(field "$line" nodes)" = 1 ] || fail "$what: rank $i: nodes $(field "$line" nodes) != 1"
-    [ "$(field "$line" slurm_job_id)" != - ] || fail "$what: rank $i: not inside a Slurm job"
-    if [ "$mode" = srun ]; then
-      [ "$(field "$line" slurm_procid)" = "$i" ] || fail "$what: rank $i: SLURM_PROCID $(field "$line" slurm_procid)"
-      [ "$(field "$line" slurm_localid)" = "$i" ] || fail "$what: rank $i: SLURM_LOCALID $(field "$line" slurm_localid)"
-    fi
-  done
-  [ "$failures" -ne "$before" ] || echo "ok: $what"
-}
 
 for np in 2 4; do
   timeout 60 srun -n "$np" --mpi=pmix "$env_bin" >"$work/srun$np.out" 2>&1 || fail "srun -n $np exited $?"
