@@ -3,6 +3,7 @@ loads into docs/MODELS.md's Cnn and gives the same loss as h5ddp's own C++ evalu
 on a fixed batch of Fashion-MNIST test images; its optimizer entry loads into torch.optim.Adam; the tensors
 are bit-identical to the datasets h5py reads from the file."""
 import h5py
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -48,7 +49,7 @@ def main():
                 assert torch.equal(v, torch.from_numpy(f["model"][k][()])), k
             for p, st in d["optimizer"]["state"].items():
                 for key, v in st.items():
-                    ref = torch.from_numpy(f["optimizer/state"][p][key][()])
+                    ref = torch.from_numpy(np.asarray(f["optimizer/state"][p][key][()]))
                     assert torch.equal(v, ref.to(v.dtype)), (p, key)
             assert set(d["model"]) == set(f["model"].keys())
 

@@ -4,6 +4,7 @@ from it with --init-from, and its first-step loss is the trained model's, not a 
 import os
 
 import h5py
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -50,7 +51,7 @@ def main():
             assert f.attrs["format"] == "h5ddp-checkpoint" and int(f.attrs["step"]) == 0
             assert set(f["model"].keys()) == set(plain), sorted(f["model"].keys())
             for k, v in plain.items():
-                assert torch.equal(torch.from_numpy(f["model"][k][()]), v), k
+                assert torch.equal(torch.from_numpy(np.asarray(f["model"][k][()])), v), k
         for name in ("nested_model", "nested_state_dict"):
             ic.run([args.ckpt, "import", w(name + ".pt"), "--to", w(name + ".h5")])
             ic.run([args.ckpt, "diff", w("imported.h5"), w(name + ".h5")])  # exit 0: identical tensors

@@ -16,6 +16,10 @@ using Args = std::vector<std::string>;
 int run_info(const Args& args);    // info FILE: 0 ok, 1 not a valid checkpoint
 int run_verify(const Args& args);  // verify FILE...: 0 all valid, 1 otherwise
 int run_diff(const Args& args);    // diff A B: 0 identical, 1 differ, 2 error
+// export / import / eval: exec h5ddp-ckpt-torch (LibTorch) from this program's directory (ckpt/torch_tool.cpp).
+int run_export(const Args& args);
+int run_import(const Args& args);
+int run_eval(const Args& args);
 
 // "1.5 MiB"
 std::string human_bytes(uint64_t n);
