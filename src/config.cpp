@@ -110,6 +110,12 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
                                                                             "is a multiple of M (0 = off)")
       ("async-checkpoint", po::bool_switch(&c.async_checkpoint), "write periodic checkpoints in the background "
                                                                  "(training blocks only for a copy to host memory)")
+      ("on-save-error", po::value(&c.on_save_error)->default_value(c.on_save_error),
+       "stop | continue: a failed periodic save (disk full, I/O error) ends training with an error, or is "
+       "reported and retried at the next trigger; the final save and a signal's save always stop")
+      ("watchdog-seconds", po::value(&c.watchdog_seconds)->default_value(c.watchdog_seconds),
+       "abort the whole job (MPI_Abort, exit code 70) with a message naming host, rank and operation when a "
+       "step's collectives or a save stall longer than T seconds (0 = off; a save gets 10x T)")
       ("no-fsync", po::bool_switch(&no_fsync), "do not fsync checkpoint files (faster, not crash-safe)")
       ("no-final-checkpoint", po::bool_switch(&no_final), "do not save when training ends")
       ("resume", po::value(&c.resume)->default_value(c.resume), "auto: newest valid checkpoint in --run-dir, "
@@ -167,6 +173,9 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
     require(c.checkpoint_every_seconds >= 0, "checkpoint-every-seconds", c.checkpoint_every_seconds, "must be >= 0");
     require(c.keep_last >= 0, "keep-last", c.keep_last, "must be >= 0");
     require(c.keep_every >= 0, "keep-every", c.keep_every, "must be >= 0");
+    require(c.on_save_error == "stop" || c.on_save_error == "continue", "on-save-error", c.on_save_error,
+            "must be stop | continue");
+    require(c.watchdog_seconds >= 0, "watchdog-seconds", c.watchdog_seconds, "must be >= 0");
     require(c.step_sleep_ms >= 0, "step-sleep-ms", c.step_sleep_ms, "must be >= 0");
     require(!c.resume.empty(), "resume", c.resume, "must be auto, none or a checkpoint path");
     require(c.progress == "auto" || c.progress == "tty" || c.progress == "lines", "progress", c.progress,

@@ -21,6 +21,7 @@
 #include "h5ddp/sampler.hpp"
 #include "h5ddp/stop_signal.hpp"
 #include "h5ddp/torch_state.hpp"
+#include "h5ddp/watchdog.hpp"
 
 namespace h5ddp {
 namespace {
@@ -300,6 +301,39 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
     log::debug("saved " + r.path + " in " + std::to_string(r.seconds) + " s");
   };
 
+  // --on-save-error continue: a failed periodic save (thrown on every rank alike, the previous checkpoint and
+  // `latest` untouched) is reported and retried at the next trigger. Final and signal saves always throw.
+  const int64_t no_save = last_saved_step;
+  auto report_or_throw = [&](const Error& e, bool final_save) {
+    if (final_save || config.on_save_error != "continue") throw;
+    if (root)
+      log::warn("checkpoint save failed; training continues (--on-save-error continue) and retries at the next "
+                "trigger; the previous checkpoint and `latest` are unchanged:\n" + std::string(e.what()));
+  };
+  auto save_or_report = [&](bool final_save) {
+    const int64_t previous = last_saved_step;
+    try {
+      if (async && async->in_flight()) async->wait();  // start() would wait too: surface its failure here
+    } catch (const Error& e) {
+      last_saved_step = no_save;
+      report_or_throw(e, final_save);
+    }
+    try {
+      save(final_save);
+    } catch (const Error& e) {
+      last_saved_step = previous;
+      report_or_throw(e, final_save);
+    }
+  };
+  // --watchdog-seconds: a stalled step or save aborts the job with a message instead of hanging it.
+  Watchdog watchdog(config.watchdog_seconds);
+  auto watch = [&](const char* what, double factor = 1) {
+    return watchdog.enabled()
+               ? watchdog.guard(std::string(what) + " at step " + std::to_string(counters.step + 1),
+                                factor * config.watchdog_seconds)
+               : Watchdog::Guard();
+  };
+
   Progress progress(root, config.progress, total_steps, config.log_every);
   progress.start(counters.step);
   auto last_save_time = Clock::now();
@@ -308,6 +342,7 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
   model->train();
 
   while (counters.step < total_steps && data.epoch < config.epochs) {
+    auto step_guard = watch("training step (forward/backward, gradient allreduce, step agreement)");
     const auto indices = sampler.local_indices(data.epoch, data.position);
     auto [x, y] = gather(train_images, train_labels, indices);
     set_lr(*optimizer, schedule.lr_at(counters.step));
@@ -343,9 +378,16 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
     if (agree[2] > 0) stop_code = stop_signal::kExitInterrupted;
 
     const bool step_due = config.checkpoint_every_steps > 0 && counters.step % config.checkpoint_every_steps == 0;
-    if (async && async->in_flight()) async->poll();  // a background failure throws here, on all ranks
+    try {
+      if (async && async->in_flight()) async->poll();  // a background failure throws here, on all ranks
+    } catch (const Error& e) {
+      last_saved_step = no_save;
+      report_or_throw(e, false);
+    }
+    step_guard.release();
     if (step_due || agree[3] > 0 || stop_code != 0) {
-      save(stop_code != 0);
+      auto save_guard = watch("checkpoint save", 10);
+      save_or_report(stop_code != 0);
       last_save_time = Clock::now();
     }
     if (stop_code != 0) break;
@@ -369,10 +411,19 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
     return result;
   }
 
-  if (config.final_checkpoint && last_saved_step != counters.step) save(true);
-  if (async) {
-    const SaveResult r = async->wait();
-    if (!r.path.empty()) result.last_checkpoint = r.path;
+  if (async) {  // the periodic save in flight first: if it failed, the final save below redoes it
+    auto save_guard = watch("wait for the background checkpoint save", 10);
+    try {
+      const SaveResult r = async->wait();
+      if (!r.path.empty()) result.last_checkpoint = r.path;
+    } catch (const Error& e) {
+      last_saved_step = no_save;
+      report_or_throw(e, false);
+    }
+  }
+  if (config.final_checkpoint && last_saved_step != counters.step) {
+    auto save_guard = watch("final checkpoint save", 10);
+    save_or_report(true);
   }
   if (config.evaluate) result.test_accuracy = evaluate(*model, test_set, comm);
 

@@ -39,6 +39,9 @@ struct TrainConfig {
   int keep_every = 0;
   bool fsync = true;
   bool async_checkpoint = false;   // write checkpoints on a background thread (blocks only for a copy)
+  std::string on_save_error = "stop";  // stop | continue: a failed periodic save ends training, or is
+                                       // reported and retried at the next trigger (final saves always stop)
+  double watchdog_seconds = 0;     // > 0: MPI_Abort with a message when a step or save stalls this long
   std::string resume = "auto";     // auto | none | <checkpoint path>
   std::string init_from;           // weights-only initialisation from a checkpoint
   int threads = 1;                 // torch intra-op threads per rank

@@ -56,20 +56,31 @@ def common_checks(run_dir, r):
     fl.check("ckpt-00000004.h5" in text, f"the error does not name the file being saved: {r}")
 
 
-def test_disk_full_stop():
+def disk_full_stop(tag, env):
     global _size
     _size = _size or ckpt_size()
-    with fl.Mount("diskfull-stop", SIZE) as m:
+    with fl.Mount(tag, SIZE) as m:
         run_dir = os.path.join(m.path, "run")
         os.mkdir(run_dir)
         fill(m.path, int(_size * 1.5))  # room for ckpt-2, not for ckpt-4 next to it
-        r = fl.mpirun(NP, args(run_dir, 6, "stop"), tf.STEP_TIMEOUT)
+        r = fl.mpirun(NP, args(run_dir, 6, "stop"), tf.STEP_TIMEOUT, env)
         fl.check(r.rc != 0, f"training did not stop on a failed save: {r}")
         fl.check(tf.trained_steps(r) is None, f"training reported success: {r}")
         common_checks(run_dir, r)
         fl.check(fl.latest_target(run_dir).endswith("ckpt-00000002.h5"), "latest moved")
         first = [l for l in r.err.splitlines() if "ckpt-00000004" in l][:1]
         return f"stopped: {first[0][:160] if first else ''}"
+
+
+def test_disk_full_stop():
+    """The save's space check sees the disk is full: an agreed error before any HDF5 call."""
+    return disk_full_stop("diskfull-stop", None)
+
+
+def test_disk_full_inside_hdf5_stop():
+    """The space check is skipped (test-only H5DDP_SKIP_SPACE_CHECK): ENOSPC hits inside HDF5's MPI-IO
+    writes, the case of space taken by another writer during the save. No hang, partial removed."""
+    return disk_full_stop("diskfull-hdf5", {"H5DDP_SKIP_SPACE_CHECK": "1"})
 
 
 def test_disk_full_continue_then_retry():
@@ -99,4 +110,4 @@ def test_disk_full_continue_then_retry():
 
 
 if __name__ == "__main__":
-    sys.exit(fl.main([test_disk_full_stop, test_disk_full_continue_then_retry]))
+    sys.exit(fl.main([test_disk_full_stop, test_disk_full_inside_hdf5_stop, test_disk_full_continue_then_retry]))

@@ -28,7 +28,7 @@ def resumed_from(result):
 
 
 def trained_steps(result):
-    m = re.search(r"trained (\d+) steps", result.text)
+    m = re.search(r"trained (?:to step )?(\d+)", result.text)
     return int(m.group(1)) if m else None
 
 
