@@ -216,7 +216,8 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
     std::unique_ptr<torch::optim::Optimizer> scratch_opt;
     std::unique_ptr<TorchStateBinding> scratch_binding;
     TorchStateBinding* b = &binding;
-    if (!resume_path && manifest.optimizer_type != config.optimizer) {
+    // A weights-only file (optimizer type "", e.g. from h5ddp-ckpt import) has no optimizer state to hold.
+    if (!resume_path && !manifest.optimizer_type.empty() && manifest.optimizer_type != config.optimizer) {
       std::vector<torch::Tensor> params = model->parameters();
       TrainConfig other = config;
       other.optimizer = manifest.optimizer_type;
