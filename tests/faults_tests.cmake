@@ -19,3 +19,23 @@ if(TARGET h5ddp_io)
   target_link_libraries(async_checkpoint_test PRIVATE h5ddp_io)
   h5ddp_add_mpi_test(NAME async_checkpoint EXE async_checkpoint_test RANKS 1 2 4 LABELS unit faults TIMEOUT 120)
 endif()
+
+# ---- end-to-end fault tests through h5ddp-train and h5ddp-ckpt (tests/faults/*.py) ----------------------
+# The full SIGKILL matrix (4 save phases x one rank / all ranks) runs at 2 ranks; 1 and 4 ranks and the
+# asynchronous save run a few cases, so the label stays a few minutes on a 2-core machine.
+if(TARGET h5ddp-train AND TARGET h5ddp-ckpt)
+  function(h5ddp_add_fault_test name np timeout)
+    h5ddp_add_script_test(NAME faults_${name} LABELS faults TIMEOUT ${timeout} PROCESSORS ${np}
+      COMMAND /usr/bin/python3 ${ARGN})
+    set_tests_properties(faults_${name} PROPERTIES SKIP_RETURN_CODE 77)
+  endfunction()
+  h5ddp_add_fault_test(kill.np2 2 900 ${H5DDP_FAULTS_PY}/kill_test.py 2)
+  h5ddp_add_fault_test(kill.np1 1 300 ${H5DDP_FAULTS_PY}/kill_test.py 1 --cases mid_data:all,before_latest:all)
+  h5ddp_add_fault_test(kill.np4 4 400 ${H5DDP_FAULTS_PY}/kill_test.py 4 --cases mid_data:3,before_rename:all)
+  h5ddp_add_fault_test(kill_async.np2 2 300 ${H5DDP_FAULTS_PY}/kill_test.py 2 --async-checkpoint
+    --cases mid_data:all,before_rename:1)
+  h5ddp_add_fault_test(corrupt.np2 2 600 ${H5DDP_FAULTS_PY}/corrupt_test.py 2)
+  h5ddp_add_fault_test(diskfull.np2 2 400 ${H5DDP_FAULTS_PY}/diskfull_test.py 2)
+  h5ddp_add_fault_test(rundir.np2 2 300 ${H5DDP_FAULTS_PY}/rundir_test.py 2)
+  set_tests_properties(faults_diskfull.np2 faults_rundir.np2 PROPERTIES RUN_SERIAL ON)
+endif()
