@@ -49,4 +49,9 @@ done
 acc=$(sed -n 's/^test accuracy: \([0-9.]*\)%.*/\1/p' "$WORK/ok.log")
 # 6 Adam steps on 96 images already beat chance (10%) by far.
 awk -v a="$acc" 'BEGIN { exit !(a > 30) }' || fail "accuracy $acc% after 6 steps"
+# --init-from takes the weights only: a fresh run (step 0, new run dir) that starts from them.
+run_train 1 "$WORK/init.log" --init-from "$WORK/run/ckpt-00000006.h5" --max-steps 1 --no-eval --run-dir "$WORK/run2" ||
+  { cat "$WORK/init.log"; fail "--init-from run failed"; }
+grep -q "initialised the weights from $WORK/run/ckpt-00000006.h5" "$WORK/init.log" || { cat "$WORK/init.log"; fail "no init message"; }
+[ -f "$WORK/run2/ckpt-00000001.h5" ] || fail "--init-from run did not start at step 0"
 echo "PASS: options, validation and report (accuracy after 6 steps: $acc%)"
