@@ -1,7 +1,8 @@
 #!/bin/bash
 # Data-parallel training with h5ddp on one machine without Slurm: mpirun with N ranks, same run-directory
 # and resume conventions as jobs/train.sbatch. Stop it with Ctrl-C, `kill -USR1` or `kill -TERM` of this
-# script: every rank saves a checkpoint; run the same command again to resume from it (--resume auto).
+# script: every rank saves a checkpoint and the script exits 75; run the same command again to resume
+# from it (--resume auto). Another Ctrl-C (3 s or more later) stops at once, without saving.
 #
 #   jobs/train-local.sh [h5ddp-train options...]          e.g. jobs/train-local.sh --epochs 3
 # Environment (all optional):
@@ -25,20 +26,34 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export HDF5_USE_FILE_LOCKING=${HDF5_USE_FILE_LOCKING:-FALSE}
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 
-# Open MPI's mpirun relays USR1 to every rank; INT and TERM it would turn into a kill, so they are
-# forwarded as USR1 (save, then exit 75). The launcher runs in the background because bash runs traps
-# only after the foreground command ends.
+# mpirun runs in its own session (setsid), so signals meant for this script or its process group (Ctrl-C,
+# `timeout`, a batch system's kill of the group) reach the ranks only as this script forwards them:
+# as USR1, which Open MPI's mpirun relays to every rank (save, exit 75). A signal that comes 3 s or more
+# after the first is forwarded as TERM, on which mpirun ends the job without saving; sooner ones are
+# duplicates (GNU timeout, for one, signals both its child and its process group). The launcher runs in
+# the background because bash runs traps only after the foreground command ends.
 launcher_pid=""
+first_signal_time=""
 forward() {
-  echo "train-local.sh: got SIG$1, asking every rank to save" >&2
-  [ -n "$launcher_pid" ] && kill -s USR1 "$launcher_pid" 2>/dev/null
+  [ -n "$launcher_pid" ] || return 0
+  local now
+  now=$(date +%s)
+  if [ -z "$first_signal_time" ]; then
+    first_signal_time=$now
+    echo "train-local.sh: got SIG$1, asking every rank to save (signal again to stop without saving)" >&2
+    kill -s USR1 "$launcher_pid" 2>/dev/null
+  elif [ $((now - first_signal_time)) -ge 3 ]; then
+    echo "train-local.sh: got SIG$1 again, stopping without saving" >&2
+    kill -s TERM "$launcher_pid" 2>/dev/null
+  fi
+  return 0
 }
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 trap 'forward INT' INT
 
 # shellcheck disable=SC2086 # the *_ARGS variables are option lists meant to be word-split
-mpirun -np "$np" ${H5DDP_MPIRUN_ARGS:-} "$train" --run-dir "$run_dir" --resume auto ${H5DDP_TRAIN_ARGS:-} "$@" &
+setsid mpirun -np "$np" ${H5DDP_MPIRUN_ARGS:-} "$train" --run-dir "$run_dir" --resume auto ${H5DDP_TRAIN_ARGS:-} "$@" &
 launcher_pid=$!
 while true; do
   wait "$launcher_pid"

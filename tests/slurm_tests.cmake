@@ -24,3 +24,10 @@ if(TARGET h5ddp-train)
     COMMAND bash ${H5DDP_SLURM_DIR}/preempt_test.sh $<TARGET_FILE:h5ddp-train> ${ckpt_tool})
   set_tests_properties(slurm.preempt PROPERTIES RESOURCE_LOCK h5ddp_slurm SKIP_RETURN_CODE 77)
 endif()
+
+# jobs/train-local.sh (mpirun, no Slurm): TERM mid-run -> save + exit 75; rerun resumes and completes with
+# a final checkpoint equal to an uninterrupted run's.
+if(TARGET h5ddp-train)
+  h5ddp_add_script_test(NAME jobs.train_local LABELS slow TIMEOUT 300
+    COMMAND bash ${H5DDP_SLURM_DIR}/train_local_test.sh $<TARGET_FILE:h5ddp-train> ${ckpt_tool})
+endif()

@@ -165,23 +165,7 @@ same() {
   if [ -n "$ckpt_tool" ]; then
     "$ckpt_tool" diff "$1" "$2"
   else
-    "$python" - "$1" "$2" <<'EOF'
-import sys
-import h5py
-
-def datasets(path):
-    out = {}
-    with h5py.File(path, "r") as f:
-        f.visititems(lambda name, obj: out.__setitem__(name, (obj.dtype.str, obj.shape, obj[()].tobytes()))
-                     if isinstance(obj, h5py.Dataset) else None)
-    return out
-
-a, b = datasets(sys.argv[1]), datasets(sys.argv[2])
-bad = sorted(set(a) ^ set(b)) + sorted(n for n in set(a) & set(b) if a[n] != b[n])
-for n in bad[:20]:
-    print("differs:", n)
-sys.exit(1 if bad else 0)
-EOF
+    "$python" "$here/ckpt_same.py" "$1" "$2"
   fi
 }
 
