@@ -6,7 +6,7 @@ if(TARGET h5ddp-ckpt-torch AND TARGET h5ddp-ckpt AND TARGET h5ddp-train)
       --mpiexec ${MPIEXEC_EXECUTABLE} --source-dir ${PROJECT_SOURCE_DIR}
       --work-dir ${CMAKE_CURRENT_BINARY_DIR}/interop_scratch)
   function(h5ddp_add_interop_test name)  # ARGN: labels
-    h5ddp_add_script_test(NAME interop.${name} LABELS interop ${ARGN} TIMEOUT 180 PROCESSORS 2
+    h5ddp_add_script_test(NAME interop.${name} LABELS interop ${ARGN} TIMEOUT 300 PROCESSORS 2
       COMMAND ${H5DDP_INTEROP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/interop/test_${name}.py ${interop_args})
   endfunction()
   h5ddp_add_interop_test(export_eval mpi)       # runs h5ddp-train at 2 ranks

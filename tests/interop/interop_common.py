@@ -53,11 +53,11 @@ class Scratch:
         return False
 
 
-def run(cmd, timeout=120, expect=0):
+def run(cmd, timeout=120, expect=0, echo_stdout=True):
     """Runs cmd, echoes it and its output, checks the exit code; returns the CompletedProcess."""
     print("$ " + " ".join(cmd), flush=True)
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
-    if p.stdout:
+    if p.stdout and echo_stdout:
         print(p.stdout, end="" if p.stdout.endswith("\n") else "\n")
     if p.stderr:
         print(p.stderr, end="" if p.stderr.endswith("\n") else "\n", file=sys.stderr)

@@ -57,7 +57,7 @@ def main():
         assert "step 3 epoch 0 cnn" in out, out
 
         assert f"h5dump -H {DOC_CKPT}" in text
-        p = ic.run(["h5dump", "-H", ckpt])
+        p = ic.run(["h5dump", "-H", ckpt], echo_stdout=False)
         assert 'DATASET "fc2.weight"' in p.stdout and 'ATTRIBUTE "xxh3"' in p.stdout
     print("PASS")
 
