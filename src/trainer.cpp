@@ -392,7 +392,10 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
       last_save_time = Clock::now();
     }
     if (stop_code != 0) break;
-    if (config.step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(config.step_sleep_ms));
+    if (config.step_sleep_ms > 0) {  // stands for compute in tests: watched like the step it stands for
+      auto sleep_guard = watch("step sleep (--step-sleep-ms)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(config.step_sleep_ms));
+    }
   }
   // A signal that arrived after the last step still saves (the final save below) and asks to be requeued
   // only if training is not complete.

@@ -1,5 +1,6 @@
 """Watchdog end to end: one rank stalls instead of entering a collective; the job must end by MPI_Abort
 within a bounded time with a message naming host, rank and the stalled operation. Argument: rank count."""
+import shutil
 import sys
 
 import faultlib as fl
@@ -26,5 +27,24 @@ def test_healthy_job_completes():
     fl.check("watchdog" not in r.err, f"watchdog fired on a healthy job: {r}")
 
 
+def test_trainer_option_aborts_stalled_step():
+    """h5ddp-train --watchdog-seconds: a step that outlives T (here the test's --step-sleep-ms stands for a
+    stuck step) ends the job with the watchdog's message; a healthy run with the option is unaffected."""
+    try:
+        train = fl.tool("h5ddp-train")
+    except fl.Failure:
+        raise fl.Skip("h5ddp-train is not built")
+    d = fl.scratch("watchdog-train")
+    common = [train, "--run-dir", d, "--model", "mlp", "--mlp-hidden", "16", "--batch-size", "32", "--no-eval",
+              "--max-steps", "3", "--no-final-checkpoint", "--watchdog-seconds", str(WATCHDOG)]
+    r = fl.mpirun(NP, common + ["--step-sleep-ms", "120000"], timeout=120)
+    fl.check(r.rc != 0 and "watchdog" in r.err and "step sleep" in r.err, f"no watchdog abort: {r}")
+    ok = fl.mpirun(NP, common + ["--step-sleep-ms", "10"], timeout=120)
+    fl.check(ok.rc == 0 and "watchdog" not in ok.err, f"watchdog fired on a healthy run: {ok}")
+    shutil.rmtree(d, ignore_errors=True)
+    return f"aborted after {r.seconds:.1f}s (including start-up)"
+
+
 if __name__ == "__main__":
-    sys.exit(fl.main([test_stalled_rank_aborts_job, test_healthy_job_completes]))
+    sys.exit(fl.main([test_stalled_rank_aborts_job, test_healthy_job_completes,
+                      test_trainer_option_aborts_stalled_step]))

@@ -6,7 +6,7 @@ build=${1:?usage: async_bench.sh BUILD_DIR [DIR] [options]}
 dir=${2:-${TMPDIR:-/tmp}/h5ddp-bench-async}
 shift $(( $# >= 2 ? 2 : 1 ))
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-echo "host: $(hostname), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), dir $dir ($(df -h --output=fstype "$(dirname "$dir")" | tail -1))"
+echo "host: $(hostname), $(getconf _NPROCESSORS_ONLN) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), dir $dir ($(df -h --output=fstype "$(dirname "$dir")" | tail -1))"
 for np in ${RANKS:-1 2}; do
   echo
   echo "## $np rank(s)"
