@@ -80,7 +80,7 @@ def main():
                 problems.append(f"/{path} attributes differ: {ga} vs {gb}")
     for p in problems:
         print(f"compare: {args.a} vs {args.b}: {p}", file=sys.stderr)
-    print(f"compare: {compared} datasets, {'bitwise' if exact else f'max abs diff {worst:.3g}'}, "
+    print(f"compare: {compared} datasets, {'bitwise' if exact else f'worst difference {worst:.3g} (relative L2 norm with --norm-rtol, else absolute)'}, "
           f"{len(problems)} problems")
     if compared == 0:
         print("compare: nothing compared", file=sys.stderr)
