@@ -57,6 +57,16 @@ def main():
                 assert f["model/bf16"].attrs["dtype"] == "bfloat16"
                 assert f["model/bn.num_batches_tracked"].shape == ()
 
+        # Under mpiexec: every rank reads, the writes are collective (import) or rank 0's (export).
+        ic.run(ic.mpi(args, 2, args.ckpt, "import", w("sd4.pt"), "--to", w("np2.h5")))
+        with h5py.File(w("sd4.h5"), "r") as a, h5py.File(w("np2.h5"), "r") as b:
+            assert int(b.attrs["world_size"]) == 2 and set(a["model"].keys()) == set(b["model"].keys())
+            for k in a["model"]:
+                assert a["model"][k].attrs["xxh3"] == b["model"][k].attrs["xxh3"], k
+        ic.run(ic.mpi(args, 2, args.ckpt, "export", w("np2.h5"), "--to", w("np2.pt")))
+        back = torch.load(w("np2.pt"))["model"]
+        assert all(torch.equal(back[k], v) for k, v in sd.items())
+
         # ---- clear errors, each naming the file ----
         text = w("notes.txt")
         with open(text, "w") as f:

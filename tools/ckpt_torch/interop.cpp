@@ -4,6 +4,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <exception>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -152,6 +153,25 @@ void check_against_model(const std::string& what, const std::string& model_name,
   throw CheckpointError(msg);
 }
 
+// Collective. Runs f; a failure on any rank throws on every rank. A lone process rethrows its own exception
+// unchanged (no "rank 0 reported" wrapper around a message that already names the file).
+template <class F>
+void agreed(Comm& comm, F&& f) {
+  std::string error;
+  std::exception_ptr failure;
+  try {
+    f();
+  } catch (const std::exception& e) {
+    error = e.what();
+    failure = std::current_exception();
+  }
+  if (comm.size() == 1) {
+    if (failure) std::rethrow_exception(failure);
+    return;
+  }
+  comm.raise_if_any(error);
+}
+
 }  // namespace
 
 LoadedCheckpoint load_checkpoint_tensors(Comm& comm, const std::string& path) {
@@ -173,9 +193,9 @@ LoadedCheckpoint load_checkpoint_tensors(Comm& comm, const std::string& path) {
 
 size_t export_checkpoint(Comm& comm, const ExportOptions& o) {
   const LoadedCheckpoint ck = load_checkpoint_tensors(comm, o.input);
-  std::string error;
-  if (comm.rank() == 0) {
-    try {
+  agreed(comm, [&] {
+    if (comm.rank() != 0) return;
+    with_context("while writing " + o.output, [&] {
       GenericDict model = str_dict();
       for (const auto& [k, t] : ck.model) model.insert(o.add_prefix + k, t);
 
@@ -221,27 +241,23 @@ size_t export_checkpoint(Comm& comm, const ExportOptions& o) {
       root.insert("meta", meta);
       root.insert("h5ddp", facts);
       write_file_atomically(o.output, torch::pickle_save(root));
-    } catch (const std::exception& e) {
-      error = std::string("writing ") + o.output + ": " + e.what();
-    }
-  }
-  comm.raise_if_any(error);
+    });
+  });
   return ck.model.size();
 }
 
 size_t import_state_dict(Comm& comm, const ImportOptions& o) {
   const fs::path out(o.output);
   const std::string ext = format::kCheckpointSuffix;
-  std::string error;
-  if (out.filename().string().size() <= ext.size() || out.extension() != ext)
-    error = "--to " + o.output + ": the checkpoint file name must end in " + ext;
-  else if (!o.force && fs::exists(out))
-    error = o.output + " exists (pass --force to overwrite)";
-  comm.raise_if_any(error);
+  agreed(comm, [&] {
+    if (out.filename().string().size() <= ext.size() || out.extension() != ext)
+      throw ConfigError("--to " + o.output + ": the checkpoint file name must end in " + ext);
+    if (!o.force && fs::exists(out)) throw ConfigError(o.output + " exists (pass --force to overwrite)");
+  });
 
   // Every rank reads the (small, local) input itself: no broadcast of tensors needed.
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  try {
+  agreed(comm, [&] {
     const PyPtr top = read_torch_save(o.input);
     const PyValue& sd = find_state_dict(o.input, *top);
     std::set<std::string> keys;
@@ -266,10 +282,7 @@ size_t import_state_dict(Comm& comm, const ImportOptions& o) {
       auto m = make_builtin(o.model, o.mlp_hidden);
       check_against_model(o.input, o.model, tensors, named_tensors(*m));
     }
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  comm.raise_if_any(error);
+  });
 
   TrainState st;
   for (auto& [k, t] : tensors) st.model.push_back(TensorRef{k, to_dtype(t.scalar_type()), t.sizes().vec(), t.data_ptr()});
@@ -290,10 +303,9 @@ EvalResult evaluate_checkpoint(Comm& comm, const EvalOptions& o) {
   LoadedCheckpoint ck = load_checkpoint_tensors(comm, o.input);
   EvalResult r;
   r.model = !o.model.empty() ? o.model : ck.state.meta.count("model") ? ck.state.meta.at("model") : "";
-  std::string error;
   std::shared_ptr<Model> model;
   ImageDataset data;
-  try {
+  agreed(comm, [&] {
     if (r.model.empty())
       throw CheckpointError(o.input + ": /meta names no model (pass --model cnn|mlp)");
     std::vector<int64_t> hidden = {1024, 1024};
@@ -308,10 +320,7 @@ EvalResult evaluate_checkpoint(Comm& comm, const EvalOptions& o) {
     torch::NoGradGuard no_grad;
     for (const auto& [k, t] : ck.model) dst.at(k).copy_(t);
     data = read_fashion_mnist(o.data_dir, o.split);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  comm.raise_if_any(error);
+  });
 
   const int64_t begin = std::clamp<int64_t>(o.first, 0, data.count);
   const int64_t end = std::clamp<int64_t>(o.first + o.count, begin, data.count);

@@ -11,6 +11,7 @@
 
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/comm.hpp"
+#include "h5ddp/data.hpp"
 
 namespace h5ddp::interop {
 
@@ -52,7 +53,7 @@ size_t import_state_dict(Comm& comm, const ImportOptions& options);
 
 struct EvalOptions {
   std::string input;  // h5ddp checkpoint
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string data_dir = kDefaultFashionMnistDir;
   std::string split = "t10k";  // "t10k" | "train"
   int64_t first = 0;           // first image
   int64_t count = 1000;        // number of images (clipped to the split)
