@@ -362,12 +362,6 @@ void DistributedDataParallel::finish_backward() {
   armed_ = false;
   next_launch_ = 0;
 
-  if (!options_.find_unused_parameters && !buckets_.empty()) {
-    Bucket& last = *bucket_state_.back();
-    const double total_unused = last.buffer.narrow(0, last.grad_numel, 1).item<double>();
-    if (total_unused > 0.5) raise_unused(unused);
-  }
-
   const double world = comm_.size();
   if (world > 1)
     for (auto& st : bucket_state_) st->buffer.narrow(0, 0, st->grad_numel).div_(world);
@@ -379,6 +373,12 @@ void DistributedDataParallel::finish_backward() {
   }
   ++stats_.steps;
   stats_.finish_seconds += seconds_since(t0);
+  // Checked last, so that even after this error every .grad holds the step's average (usable state).
+  if (!options_.find_unused_parameters && !buckets_.empty()) {
+    Bucket& last = *bucket_state_.back();
+    const double total_unused = last.buffer.narrow(0, last.grad_numel, 1).item<double>();
+    if (total_unused > 0.5) raise_unused(unused);
+  }
 }
 
 void DistributedDataParallel::raise_unused(const std::vector<size_t>& unused_local) {

@@ -3,7 +3,7 @@
 # at 1, 2 and 4 ranks, runs interleaved (h5ddp, pytorch, h5ddp, ...) so both see the same machine load.
 # Prints a table of medians over the repetitions; raw RESULT lines go to $LOG.
 #
-#   tools/bench/ddp_bench.sh [build-dir]        env: REPS=3 RANKS="1 2 4" MODELS="cnn mlp" MODES="thread nonblocking"
+#   tools/bench/ddp_bench.sh [build-dir]        env: REPS=3 RANKS="1 2 4" MODELS="cnn mlp" MODES="progress thread nonblocking"
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-${H5DDP_BINARY_DIR:-$here/../../build}}
@@ -12,7 +12,7 @@ python=${H5DDP_PYTHON:-/usr/bin/python3}
 REPS=${REPS:-3}
 RANKS=${RANKS:-"1 2 4"}
 MODELS=${MODELS:-"cnn mlp"}
-MODES=${MODES:-"thread nonblocking"}
+MODES=${MODES:-"progress thread nonblocking"}
 LOG=${LOG:-$(mktemp /tmp/h5ddp-ddp-bench-XXXXXX.log)}
 CNN_ARGS=${CNN_ARGS:-"--model cnn --batch 64 --steps 20 --warmup 3"}
 MLP_ARGS=${MLP_ARGS:-"--model mlp --hidden 4096 --layers 4 --batch 16 --steps 5 --warmup 2"}
@@ -46,15 +46,18 @@ for line in open(sys.argv[1]):
     impl = kv["impl"] + ("/" + kv["async"] if "async" in kv else "")
     rows.setdefault((kv["model"], int(kv["ranks"])), {}).setdefault(impl, []).append(kv)
 med = lambda xs, k: statistics.median(float(x[k]) for x in xs)
-print(f"\n{'model':5} {'ranks':>5} {'impl':20} {'local ms':>9} {'ddp ms':>9} {'comm ms':>8} {'hidden':>6} "
-      f"{'ddp/local':>9} {'h5ddp/pytorch throughput':>24}")
+print(f"\n{'model':5} {'ranks':>5} {'impl':20} {'local ms':>9} {'ddp ms':>9} {'comm ms':>8} {'wait ms':>8} "
+      f"{'hidden':>6} {'ddp/local':>9} {'h5ddp/pytorch throughput':>24}")
 for (model, np), impls in sorted(rows.items()):
     py = impls.get("pytorch")
     for impl, xs in sorted(impls.items()):
         local, ddp = med(xs, "local_ms"), med(xs, "ddp_ms")
         comm = f"{med(xs, 'comm_ms'):8.1f}" if "comm_ms" in xs[0] else f"{'-':>8}"
-        hidden = f"{med(xs, 'hidden'):6.2f}" if "hidden" in xs[0] else f"{'-':>6}"
+        wait = f"{med(xs, 'wait_ms'):8.1f}" if "wait_ms" in xs[0] else f"{'-':>8}"
+        hidden = f"{med(xs, 'hidden_wait'):6.2f}" if "hidden_wait" in xs[0] else f"{'-':>6}"
         ratio = f"{med(py, 'ddp_ms') / ddp:24.2f}" if py and impl != "pytorch" else f"{'':>24}"
-        print(f"{model:5} {np:5d} {impl:20} {local:9.1f} {ddp:9.1f} {comm} {hidden} {ddp / local:9.2f} {ratio}")
-print("(medians of", max(len(v) for i in rows.values() for v in i.values()), "runs; throughput ratio = pytorch ddp ms / h5ddp ddp ms)")
+        print(f"{model:5} {np:5d} {impl:20} {local:9.1f} {ddp:9.1f} {comm} {wait} {hidden} {ddp / local:9.2f} {ratio}")
+print("(medians of", max(len(v) for i in rows.values() for v in i.values()), "runs; comm = the bucket allreduces alone;"
+      " wait = time finish_backward waited after backward; hidden = 1 - wait/comm;"
+      " throughput ratio = pytorch ddp ms / h5ddp ddp ms)")
 PY
