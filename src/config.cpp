@@ -80,7 +80,7 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
                                                                          "in total (0 = no limit)")
       ("batch-size", po::value(&c.batch_size)->default_value(c.batch_size), "GLOBAL batch size over all ranks; "
                                                                             "must be divisible by the rank count")
-      ("lr", po::value(&c.lr)->default_value(c.lr, "0.001"), "learning rate")
+      ("lr", po::value(&c.lr)->default_value(c.lr, "0.002"), "learning rate")
       ("optimizer", po::value(&c.optimizer)->default_value(c.optimizer), "adam | adamw | sgd")
       ("momentum", po::value(&c.momentum)->default_value(c.momentum, "0.9"), "SGD momentum")
       ("weight-decay", po::value(&c.weight_decay)->default_value(c.weight_decay), "weight decay (L2 for adam/sgd, "

@@ -24,7 +24,7 @@ struct TrainConfig {
   int64_t max_steps = 0;          // 0 = no limit: stop after `epochs` epochs
   int64_t batch_size = 120;       // GLOBAL batch over all ranks
   bool batch_size_set = false;    // given explicitly (a resume otherwise takes the checkpoint's)
-  double lr = 1e-3;
+  double lr = 2e-3;               // Adam at 2e-3 reaches 86.8% after one epoch of the default job (README)
   std::string optimizer = "adam";  // adam | adamw | sgd
   double momentum = 0.9;           // sgd only
   double weight_decay = 0.0;
