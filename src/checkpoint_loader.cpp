@@ -2,6 +2,7 @@
 // everything), verify checksums (each dataset by one rank), fill the TrainState.
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -137,13 +138,17 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
   for (size_t i = 0; i < plan.size(); ++i) {
     if (pieces[i] < 2) continue;
     uint64_t begin = 0, end = 0;
-    for (const auto& s : segments)
-      if (s.index == i && s.rank == rank) begin = s.row_begin, end = s.row_end;
+    size_t calls = 0;  // the most any rank needs: collective calls must match
+    for (const auto& s : segments) {
+      if (s.index != i) continue;
+      calls = std::max(calls, ckpt::transfer_count(plan[i], s.row_begin, s.row_end));
+      if (s.rank == rank) begin = s.row_begin, end = s.row_end;
+    }
     std::string e = ckpt::capture_error([&] {
       with_context("reading " + plan[i].path + " from " + path, [&] {
         h5::SilenceErrors quiet;
         h5::Handle ds = open_dataset(f, plan[i].path);
-        ckpt::read_rows(ds, plan[i], begin, end, at_row(plan[i], begin), coll);
+        ckpt::read_rows(ds, plan[i], begin, end, at_row(plan[i], begin), coll, calls);
       });
     });
     if (error.empty()) error = e;

@@ -1,6 +1,7 @@
 // Reading checkpoints: open + format checks, the manifest, and load_checkpoint (share + exchange, or
 // every rank reads everything).
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -185,15 +186,35 @@ std::vector<DatasetPlan> manifest_datasets(hid_t f, const CheckpointManifest& m)
   return out;
 }
 
-void read_rows(hid_t ds, const DatasetPlan& d, uint64_t begin, uint64_t end, void* buf, hid_t dxpl) {
+uint64_t max_transfer_bytes() {
+  static const uint64_t v = [] {
+    const char* e = std::getenv("H5DDP_MAX_TRANSFER_BYTES");
+    const uint64_t n = e ? std::strtoull(e, nullptr, 10) : 0;
+    return n > 0 ? std::min(n, kMaxTransferBytes) : kMaxTransferBytes;
+  }();
+  return v;
+}
+
+size_t transfer_count(const DatasetPlan& d, uint64_t begin, uint64_t end) {
+  const uint64_t per = std::max<uint64_t>(1, d.row_bytes() ? max_transfer_bytes() / d.row_bytes() : 1);
+  return static_cast<size_t>((end - begin + per - 1) / per);
+}
+
+void read_rows(hid_t ds, const DatasetPlan& d, uint64_t begin, uint64_t end, void* buf, hid_t dxpl,
+               size_t min_calls) {
   h5::Handle type = d.file_type();
   h5::Handle fspace = h5::dataspace(H5Dget_space(ds));
-  select_rows(fspace, d.shape, begin, end);
-  std::vector<int64_t> mshape = d.shape;
-  if (!mshape.empty()) mshape[0] = static_cast<int64_t>(end - begin);
-  h5::Handle mspace = h5::make_space(mshape);
-  if (begin == end) H5DDP_CHECK_H5(H5Sselect_none(mspace));
-  H5DDP_CHECK_H5(H5Dread(ds, type, mspace, fspace, dxpl, buf));
+  const uint64_t per = std::max<uint64_t>(1, d.row_bytes() ? max_transfer_bytes() / d.row_bytes() : 1);
+  const size_t calls = std::max<size_t>({min_calls, transfer_count(d, begin, end), 1});
+  for (size_t i = 0; i < calls; ++i) {
+    const uint64_t b = std::min(end, begin + i * per), e = std::min(end, b + per);
+    select_rows(fspace, d.shape, b, e);
+    std::vector<int64_t> mshape = d.shape;
+    if (!mshape.empty()) mshape[0] = static_cast<int64_t>(e - b);
+    h5::Handle mspace = h5::make_space(mshape);
+    if (b == e) H5DDP_CHECK_H5(H5Sselect_none(mspace));
+    H5DDP_CHECK_H5(H5Dread(ds, type, mspace, fspace, dxpl, static_cast<char*>(buf) + (b - begin) * d.row_bytes()));
+  }
 }
 
 }  // namespace ckpt

@@ -103,14 +103,21 @@ h5::Handle create_dataset(hid_t f, const DatasetPlan& d) {
   return ds;
 }
 
-void write_rows(hid_t ds, const DatasetPlan& d, uint64_t begin, uint64_t end, hid_t dxpl) {
+// Writes rows [begin, end) of `d` in max(min_calls, transfer_count) calls (collective transfers: every rank
+// must make the same number of calls).
+void write_rows(hid_t ds, const DatasetPlan& d, uint64_t begin, uint64_t end, hid_t dxpl, size_t min_calls = 0) {
   with_context("writing rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " + d.path, [&] {
     h5::Handle type = d.file_type();
     h5::Handle fspace = h5::dataspace(H5Dget_space(ds));
     h5::Handle mspace = h5::make_space(d.shape);
-    ckpt::select_rows(fspace, d.shape, begin, end);
-    ckpt::select_rows(mspace, d.shape, begin, end);
-    H5DDP_CHECK_H5(H5Dwrite(ds, type, mspace, fspace, dxpl, d.src));
+    const uint64_t per = std::max<uint64_t>(1, d.row_bytes() ? ckpt::max_transfer_bytes() / d.row_bytes() : 1);
+    const size_t calls = std::max<size_t>({min_calls, ckpt::transfer_count(d, begin, end), 1});
+    for (size_t i = 0; i < calls; ++i) {
+      const uint64_t b = std::min(end, begin + i * per), e = std::min(end, b + per);
+      ckpt::select_rows(fspace, d.shape, b, e);
+      ckpt::select_rows(mspace, d.shape, b, e);
+      H5DDP_CHECK_H5(H5Dwrite(ds, type, mspace, fspace, dxpl, d.src));
+    }
   });
 }
 
@@ -196,11 +203,15 @@ SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::strin
     for (size_t i = 0; i < plan.datasets.size(); ++i) {
       if (pieces[i] < 2) continue;
       uint64_t begin = 0, end = 0;
-      for (const auto& s : segments)
-        if (s.index == i && s.rank == rank) begin = s.row_begin, end = s.row_end;
+      size_t calls = 0;  // the most any rank needs: collective calls must match
+      for (const auto& s : segments) {
+        if (s.index != i) continue;
+        calls = std::max(calls, ckpt::transfer_count(plan.datasets[i], s.row_begin, s.row_end));
+        if (s.rank == rank) begin = s.row_begin, end = s.row_end;
+      }
       std::string e = ckpt::capture_error([&] {
         h5::SilenceErrors quiet;
-        write_rows(dsets[i], plan.datasets[i], begin, end, coll);
+        write_rows(dsets[i], plan.datasets[i], begin, end, coll, calls);
         H5D_mpio_actual_io_mode_t mode = H5D_MPIO_NO_COLLECTIVE;
         H5DDP_CHECK_H5(H5Pget_mpio_actual_io_mode(coll, &mode));
         if (mode != H5D_MPIO_NO_COLLECTIVE) ++result.collective_writes;
