@@ -207,7 +207,13 @@ class MpiComm::Worker {
           ++i;
         }
       }
-      if (!progressed && waiters_.load() == 0 && interval_.count() > 0) std::this_thread::sleep_for(interval_);
+      // Never spin flat out: on a machine with more ranks than cores a spinning thread takes the CPU the
+      // other ranks need to reach the collective. Yield while someone waits, sleep otherwise.
+      if (progressed) continue;
+      if (waiters_.load() > 0 || interval_.count() == 0)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(interval_);
     }
   }
 

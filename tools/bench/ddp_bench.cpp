@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "h5ddp/ddp.hpp"
 #include "h5ddp/error.hpp"
@@ -93,13 +94,25 @@ Options parse(int argc, char** argv) {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+// A barrier that sleeps instead of spinning (Open MPI's MPI_Barrier busy-polls): a rank that finishes
+// early must not take CPU from the ranks still computing on an oversubscribed machine. gloo's barrier,
+// which the PyTorch side uses, sleeps too.
+void quiet_barrier(MpiComm& comm) {
+  MPI_Request r;
+  H5DDP_CHECK_MPI(MPI_Ibarrier(comm.handle(), &r));
+  for (int done = 0; !done;) {
+    H5DDP_CHECK_MPI(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+    if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
 template <class Step>
-double time_steps(Comm& comm, int warmup, int steps, Step&& step) {
+double time_steps(MpiComm& comm, int warmup, int steps, Step&& step) {
   for (int i = 0; i < warmup; ++i) step();
-  comm.barrier();
+  quiet_barrier(comm);
   const double t0 = now();
   for (int i = 0; i < steps; ++i) step();
-  comm.barrier();
+  quiet_barrier(comm);
   return (now() - t0) / steps;
 }
 
