@@ -333,17 +333,7 @@ std::unique_ptr<Work> MpiComm::allreduce_async(void* buf, size_t count, DType dt
     worker_->submit(state);
     return std::make_unique<ThreadWork>(std::move(state));
   }
-  auto* p = static_cast<char*>(buf);
-  const size_t es = dtype_size(dtype);
-  std::vector<MPI_Request> reqs;
-  for (size_t off = 0; off < count || (count == 0 && off == 0); off += kMaxChunk) {
-    const int n = static_cast<int>(std::min(kMaxChunk, count - off));
-    MPI_Request r;
-    H5DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, p + off * es, n, mpi_datatype(dtype), mpi_op(op), async_comm_, &r));
-    reqs.push_back(r);
-    if (count == 0) break;
-  }
-  return std::make_unique<MpiWork>(std::move(reqs));
+  return std::make_unique<MpiWork>(iallreduce_chunked(async_comm_, buf, count, dtype, op));
 }
 
 void MpiComm::allgather(const void* send, void* recv, size_t count, DType dtype) {
