@@ -4,9 +4,14 @@
 
 #include <mpi.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <list>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "h5ddp/checkpoint.hpp"
@@ -25,6 +30,7 @@ struct DatasetPlan {
   const void* src = nullptr;    // save: this rank's full copy of the bytes (C order)
   void* dst = nullptr;          // load: where the bytes go
   uint64_t checksum = 0;
+  bool tensor = false;          // save: src is a caller's tensor (hashed while writing, not in the plan)
 
   size_t nbytes() const;
   size_t rows() const;          // shape[0], 1 for a scalar
@@ -51,10 +57,57 @@ struct SavePlan {
   std::list<std::vector<uint8_t>> storage;  // bytes of small datasets (counters, names, gathered rng rows)
   uint64_t structure_hash = 0;              // names, dtypes, shapes, attributes: must agree across ranks
 };
-// Collective (allgathers the rng rows). Builds the plan and computes every checksum.
+// Collective (allgathers the rng rows). Builds the plan and computes the checksums of the small datasets;
+// tensor datasets (`tensor` set) get theirs while they are written (see save_checkpoint).
 SavePlan make_save_plan(Comm& comm, const TrainState& state);
 
 uint64_t hash_bytes(const void* data, size_t n);
+// XXH3 of a sample of the bytes, seeded with n: all of them up to 64 KiB, else 16 blocks of 4 KiB spread
+// evenly from the first byte to the last. The cheap replica check of save_checkpoint compares these.
+uint64_t sample_hash(const void* data, size_t n);
+
+// Hashes byte ranges (XXH3) on one background thread, so that checksums overlap the I/O: save_checkpoint
+// hashes while it writes, load_checkpoint while it reads. The bytes must stay valid until finish() or the
+// destructor, which both wait for every submitted range.
+class BackgroundHasher {
+ public:
+  explicit BackgroundHasher(size_t slots);
+  ~BackgroundHasher();
+  BackgroundHasher(const BackgroundHasher&) = delete;
+  BackgroundHasher& operator=(const BackgroundHasher&) = delete;
+  void submit(size_t slot, const void* data, size_t n);
+  // Waits for everything submitted so far; result[slot] is the hash of the range submitted for slot (0 if none).
+  std::vector<uint64_t> finish();
+
+ private:
+  struct Job {
+    size_t slot;
+    const void* data;
+    size_t n;
+  };
+  void loop();
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  std::vector<uint64_t> results_;
+  size_t pending_ = 0;
+  bool closing_ = false;
+  std::thread thread_;  // last: starts after the members it uses exist
+};
+
+// "phase=seconds ..." of a save or load, for H5DDP_LOG_LEVEL=debug.
+class PhaseTimer {
+ public:
+  PhaseTimer();
+  void mark(const char* phase);  // time since the previous mark (or construction), under `phase`
+  const std::string& timeline() const { return timeline_; }
+  double total_seconds() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point start_, last_;
+  std::string timeline_;
+};
 
 // Collective. If any rank passes a non-empty message, every rank throws CheckpointError carrying the lowest
 // such rank's message (so no rank goes on into a collective alone).

@@ -109,21 +109,25 @@ void exchange_shares(Comm& comm, const std::vector<DatasetPlan>& plan, const std
 }
 
 // Reads the tensors with the chosen strategy; on return (without exception) every rank holds every byte.
+// `on_read(i)` runs once for every plan entry as soon as this rank holds its bytes (to start verifying it).
+template <class OnRead>
 void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, LoadStrategy strategy,
-                  const std::string& path) {
+                  const std::string& path, OnRead&& on_read) {
   const int rank = comm.rank(), world = comm.size();
   std::string error;
   h5::Handle coll = h5::transfer(true), indep = h5::transfer(false);
   if (strategy == LoadStrategy::kEveryRankReads) {
-    for (const auto& d : plan) {
-      if (d.nbytes() == 0 || !error.empty()) continue;
-      error = ckpt::capture_error([&] {
-        with_context("reading " + d.path + " from " + path, [&] {
-          h5::SilenceErrors quiet;
-          h5::Handle ds = open_dataset(f, d.path);
-          ckpt::read_rows(ds, d, 0, d.rows(), d.dst, indep);
+    for (size_t i = 0; i < plan.size() && error.empty(); ++i) {
+      const auto& d = plan[i];
+      if (d.nbytes() > 0)
+        error = ckpt::capture_error([&] {
+          with_context("reading " + d.path + " from " + path, [&] {
+            h5::SilenceErrors quiet;
+            h5::Handle ds = open_dataset(f, d.path);
+            ckpt::read_rows(ds, d, 0, d.rows(), d.dst, indep);
+          });
         });
-      });
+      if (error.empty()) on_read(i);
     }
     ckpt::throw_if_any(comm, error);
     return;
@@ -167,9 +171,11 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
   }
   ckpt::throw_if_any(comm, error);
   log::debug("load: own share read at " + since());
-  if (world == 1) return;
-  exchange_shares(comm, plan, segments);
-  log::debug("load: exchange done at " + since());
+  if (world > 1) {
+    exchange_shares(comm, plan, segments);
+    log::debug("load: exchange done at " + since());
+  }
+  for (size_t i = 0; i < plan.size(); ++i) on_read(i);
 }
 
 // Reads a small dataset whole (every rank), verifying its checksum.
@@ -223,13 +229,7 @@ std::vector<RngState> read_rng(hid_t f, const CheckpointManifest& m, const std::
 
 void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, const LoadOptions& options) {
   const int rank = comm.rank(), world = comm.size();
-  const auto t0 = std::chrono::steady_clock::now();
-  std::string timeline;  // "phase=seconds ..." for H5DDP_LOG_LEVEL=debug
-  auto mark = [&, last = t0](const char* phase) mutable {
-    const auto now = std::chrono::steady_clock::now();
-    timeline += std::string(" ") + phase + "=" + std::to_string(std::chrono::duration<double>(now - last).count());
-    last = now;
-  };
+  ckpt::PhaseTimer timer;
   h5::Handle f = ckpt::open_checkpoint(&comm, path);
   CheckpointManifest m;
   ckpt::throw_if_any(comm, ckpt::capture_error([&] { m = ckpt::read_manifest_from(f, path); }));
@@ -244,23 +244,28 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
            std::to_string(n) + " difference" + (n == 1 ? "" : "s") + "):" + diff;
   }
   ckpt::throw_if_any(comm, diff);
-  mark("open+manifest");
+  timer.mark("open+manifest");
 
   std::vector<DatasetPlan> plan = load_plan(state.model, m.model, false);
   for (auto& d : load_plan(state.optimizer.state, m.optimizer_state, true)) plan.push_back(std::move(d));
-  read_tensors(comm, f, plan, options.strategy, path);
-  mark("read");
+  // Each dataset's checksum is verified by one rank (shares balanced by bytes), on a background thread that
+  // starts on a dataset as soon as its bytes are in, so verification overlaps the reads.
+  const auto owner = ckpt::assign_whole_datasets(plan, world);
+  const bool verify = options.verify_checksums;
+  ckpt::BackgroundHasher hasher(plan.size());
+  read_tensors(comm, f, plan, options.strategy, path, [&](size_t i) {
+    if (verify && owner[i] == rank) hasher.submit(i, plan[i].dst, plan[i].nbytes());
+  });
+  timer.mark("read");
 
   std::string problems;
-  if (options.verify_checksums) {
-    const auto owner = ckpt::assign_whole_datasets(plan, world);
-    for (size_t i = 0; i < plan.size(); ++i)
-      if (owner[i] == rank && ckpt::hash_bytes(plan[i].dst, plan[i].nbytes()) != plan[i].checksum)
-        problems += "\n  checksum mismatch in dataset " + plan[i].path;
-    if (!problems.empty()) problems = path + ": corrupt data (the file's bytes do not match their xxh3):" + problems;
-  }
+  const std::vector<uint64_t> hashed = hasher.finish();
+  for (size_t i = 0; i < plan.size(); ++i)
+    if (verify && owner[i] == rank && hashed[i] != plan[i].checksum)
+      problems += "\n  checksum mismatch in dataset " + plan[i].path;
+  if (!problems.empty()) problems = path + ": corrupt data (the file's bytes do not match their xxh3):" + problems;
   ckpt::throw_if_any(comm, problems);
-  mark("verify");
+  timer.mark("verify");
 
   TrainState loaded;
   ckpt::throw_if_any(comm, ckpt::capture_error([&] {
@@ -296,8 +301,8 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
   state.rng_by_rank = std::move(loaded.rng_by_rank);
   state.saved_world_size = m.world_size;
   if (rank < m.world_size) state.rng = state.rng_by_rank[rank];
-  mark("small");
-  log::debug("load " + path + ":" + timeline);
+  timer.mark("small");
+  log::debug("load " + path + ":" + timer.timeline());
 }
 
 }  // namespace h5ddp

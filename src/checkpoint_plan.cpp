@@ -1,7 +1,5 @@
 // The checkpoint plan: which datasets a TrainState becomes, in which order, and which rank handles which
 // rows. The share computations are pure functions (tested without MPI).
-#include <xxhash.h>
-
 #include <algorithm>
 #include <csignal>
 #include <cstdlib>
@@ -33,8 +31,6 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
   return s + "]";
 }
-
-uint64_t hash_bytes(const void* data, size_t n) { return XXH3_64bits(data, n); }
 
 std::vector<Segment> compute_segments(const std::vector<DatasetPlan>& datasets, int world) {
   uint64_t total = 0;
@@ -87,6 +83,7 @@ DatasetPlan tensor_plan(const std::string& path, const TensorRef& t) {
   d.dtype = t.dtype;
   d.shape = t.shape;
   d.src = t.data;
+  d.tensor = true;
   for (int64_t s : t.shape)
     if (s < 0) throw CheckpointError("tensor '" + t.name + "' has a negative dimension " + shape_string(t.shape));
   if (t.nbytes() > 0 && t.data == nullptr) throw CheckpointError("tensor '" + t.name + "' has no data pointer");
@@ -184,7 +181,7 @@ SavePlan make_save_plan(Comm& comm, const TrainState& state) {
 
   std::string desc;
   for (auto& d : plan.datasets) {
-    d.checksum = hash_bytes(d.src, d.nbytes());
+    if (!d.tensor) d.checksum = hash_bytes(d.src, d.nbytes());
     desc += d.path + "|" + (d.string_size ? "str" + std::to_string(d.string_size) : dtype_name(d.dtype)) + "|" +
             shape_string(d.shape) + "\n";
   }

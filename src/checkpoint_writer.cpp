@@ -33,7 +33,9 @@ std::string utc_now() {
   return buf;
 }
 
-// Ranks must agree on the structure and hold bit-identical replicas before anything touches the disk.
+// Ranks must agree on the structure before anything touches the disk. Replicas are compared here cheaply:
+// small datasets by their checksums, tensors by a sample hash (ckpt::sample_hash); the full comparison of
+// tensor bytes comes with the checksums, after the writes (collect_checksums).
 void agree_on_plan(Comm& comm, const ckpt::SavePlan& plan) {
   if (!comm.agree(plan.structure_hash)) {
     const int world = comm.size();
@@ -48,7 +50,7 @@ void agree_on_plan(Comm& comm, const ckpt::SavePlan& plan) {
                             "no file written:" + seen);
   }
   std::vector<uint64_t> lo, hi;
-  for (const auto& d : plan.datasets) lo.push_back(d.checksum);
+  for (const auto& d : plan.datasets) lo.push_back(d.tensor ? ckpt::sample_hash(d.src, d.nbytes()) : d.checksum);
   hi = lo;
   comm.allreduce(lo.data(), lo.size(), DType::kU64, ReduceOp::kMin);
   comm.allreduce(hi.data(), hi.size(), DType::kU64, ReduceOp::kMax);
@@ -57,6 +59,44 @@ void agree_on_plan(Comm& comm, const ckpt::SavePlan& plan) {
     if (lo[i] != hi[i]) differ += "\n    " + plan.datasets[i].path;
   if (!differ.empty())
     throw DisagreementError("replicated state differs between ranks (checksums disagree); no file written:" + differ);
+}
+
+// Which rank's hash of each dataset becomes its checksum: the rank that wrote it whole, or kEveryRank (a
+// dataset split between ranks, an empty one, a small one, or every tensor under verify_replicas): then every
+// rank hashed its own copy and the hashes must agree.
+constexpr int kEveryRank = -1;
+std::vector<int> checksum_owners(const ckpt::SavePlan& plan, const std::vector<ckpt::Segment>& segments,
+                                 bool verify_replicas) {
+  std::vector<int> owner(plan.datasets.size(), kEveryRank), pieces(plan.datasets.size(), 0);
+  for (const auto& s : segments) ++pieces[s.index];
+  if (verify_replicas) return owner;
+  for (const auto& s : segments)
+    if (plan.datasets[s.index].tensor && pieces[s.index] == 1) owner[s.index] = s.rank;
+  return owner;
+}
+
+// Collective. Sets every tensor dataset's checksum from its owner's hash (kEveryRank: all ranks' hashes,
+// which must be equal: the bytes written from different ranks' replicas must be the same bytes).
+void collect_checksums(Comm& comm, ckpt::SavePlan& plan, const std::vector<int>& owner,
+                       const std::vector<uint64_t>& hashed) {
+  const int rank = comm.rank();
+  std::vector<uint64_t> lo(plan.datasets.size()), hi(plan.datasets.size());
+  for (size_t i = 0; i < plan.datasets.size(); ++i) {
+    const bool mine = owner[i] == kEveryRank || owner[i] == rank;
+    const uint64_t h = plan.datasets[i].tensor ? hashed[i] : plan.datasets[i].checksum;
+    lo[i] = mine ? h : UINT64_MAX;
+    hi[i] = mine ? h : 0;
+  }
+  comm.allreduce(lo.data(), lo.size(), DType::kU64, ReduceOp::kMin);
+  comm.allreduce(hi.data(), hi.size(), DType::kU64, ReduceOp::kMax);
+  std::string differ;
+  for (size_t i = 0; i < lo.size(); ++i) {
+    if (lo[i] != hi[i]) differ += "\n    " + plan.datasets[i].path;
+    plan.datasets[i].checksum = lo[i];
+  }
+  if (!differ.empty())
+    throw DisagreementError("replicated state differs between ranks (full checksums disagree); the partial file "
+                            "is removed and nothing is committed:" + differ);
 }
 
 void write_root_attributes(hid_t f, const TrainState& state, int world) {
@@ -99,8 +139,7 @@ h5::Handle create_dataset(hid_t f, const DatasetPlan& d) {
   h5::Handle space = h5::make_space(d.shape);
   h5::Handle ds = h5::dataset(H5Dcreate2(f, d.path.c_str(), type, space, lcpl, dcpl, H5P_DEFAULT));
   h5::write_attr(ds, format::kAttrDtype, std::string(d.string_size ? "string" : dtype_name(d.dtype)));
-  h5::write_attr(ds, format::kAttrChecksum, d.checksum);
-  return ds;
+  return ds;  // the checksum attribute comes after the data (collect_checksums)
 }
 
 // Writes rows [begin, end) of `d` in max(min_calls, transfer_count) calls (collective transfers: every rank
@@ -125,18 +164,22 @@ void write_rows(hid_t ds, const DatasetPlan& d, uint64_t begin, uint64_t end, hi
 
 SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::string& run_dir,
                            const SaveOptions& options) {
-  const auto t0 = std::chrono::steady_clock::now();
-  std::string timeline;  // "phase=seconds ..." for H5DDP_LOG_LEVEL=debug
-  auto mark = [&, last = t0](const char* phase) mutable {
-    const auto now = std::chrono::steady_clock::now();
-    timeline += std::string(" ") + phase + "=" + std::to_string(std::chrono::duration<double>(now - last).count());
-    last = now;
-  };
+  ckpt::PhaseTimer timer;
   const int rank = comm.rank(), world = comm.size();
   comm.require_same(state.counters.step, "checkpoint step");
   ckpt::SavePlan plan = ckpt::make_save_plan(comm, state);
   agree_on_plan(comm, plan);
-  mark("plan+agree");
+
+  // Tensor checksums are computed on a background thread while the data is written: each rank hashes what
+  // it writes (or everything, with verify_replicas), so hashing costs neither a pass before the writes nor
+  // N copies of the work.
+  const auto segments = ckpt::compute_segments(plan.datasets, world);
+  const std::vector<int> owner = checksum_owners(plan, segments, options.verify_replicas);
+  ckpt::BackgroundHasher hasher(plan.datasets.size());
+  for (size_t i = 0; i < plan.datasets.size(); ++i)
+    if (plan.datasets[i].tensor && (owner[i] == kEveryRank || owner[i] == rank))
+      hasher.submit(i, plan.datasets[i].src, plan.datasets[i].nbytes());
+  timer.mark("plan+agree");
 
   std::string name = options.name.empty() ? format::checkpoint_file_name(state.counters.step) : options.name;
   if (name.size() < 3 || name.compare(name.size() - 3, 3, format::kCheckpointSuffix) != 0) name += format::kCheckpointSuffix;
@@ -185,12 +228,11 @@ SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::strin
         for (const auto& d : plan.datasets) dsets.push_back(create_dataset(file, d));
       });
     }));
-    mark("create");
+    timer.mark("create");
     ckpt::maybe_inject_fault("before_data", rank);
 
     // Datasets split between ranks go collectively (all ranks call, in plan order); the rest of each
     // rank's share goes independently, so ranks never wait on each other dataset by dataset.
-    const auto segments = ckpt::compute_segments(plan.datasets, world);
     std::vector<int> pieces(plan.datasets.size(), 0);
     for (const auto& s : segments) ++pieces[s.index];
     uint64_t my_bytes = 0;
@@ -235,7 +277,17 @@ SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::strin
     }
     if (!mid_fault_checked) ckpt::maybe_inject_fault("mid_data", rank);
     ckpt::throw_if_any(comm, error.empty() ? "" : error + "\n  while writing " + partial_path);
-    mark("write");
+    timer.mark("write");
+
+    collect_checksums(comm, plan, owner, hasher.finish());
+    ckpt::throw_if_any(comm, ckpt::capture_error([&] {
+      with_context("writing the checksums of " + partial_path, [&] {
+        h5::SilenceErrors quiet;
+        for (size_t i = 0; i < plan.datasets.size(); ++i)
+          h5::write_attr(dsets[i], format::kAttrChecksum, plan.datasets[i].checksum);
+      });
+    }));
+    timer.mark("checksums");
 
     ckpt::throw_if_any(comm, ckpt::capture_error([&] {
       with_context("closing " + partial_path, [&] {
@@ -243,10 +295,10 @@ SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::strin
         file.close();
       });
     }));
-    mark("close");
+    timer.mark("close");
     if (options.fsync)
       ckpt::throw_if_any(comm, ckpt::capture_error([&] { ckpt::fsync_path(partial_path, false); }));
-    mark("fsync");
+    timer.mark("fsync");
   } catch (...) {
     remove_partial();
     throw;
@@ -272,9 +324,9 @@ SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::strin
 
   if (rank == 0) ckpt::apply_retention(run_dir, options, name);  // logs problems, never throws
   comm.barrier();  // every rank returns with the directory in its final state
-  mark("commit");
-  log::debug("save " + final_path + ":" + timeline);
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  timer.mark("commit");
+  log::debug("save " + final_path + ":" + timer.timeline());
+  result.seconds = timer.total_seconds();
   return result;
 }
 

@@ -117,6 +117,8 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
        "abort the whole job (MPI_Abort, exit code 70) with a message naming host, rank and operation when a "
        "step's collectives or a save stall longer than T seconds (0 = off; a save gets 10x T)")
       ("no-fsync", po::bool_switch(&no_fsync), "do not fsync checkpoint files (faster, not crash-safe)")
+      ("verify-replicas", po::bool_switch(&c.verify_replicas), "on every save, every rank hashes every tensor in "
+       "full and the hashes must agree (default: a sampled comparison; each tensor hashed by the rank writing it)")
       ("no-final-checkpoint", po::bool_switch(&no_final), "do not save when training ends")
       ("resume", po::value(&c.resume)->default_value(c.resume), "auto: newest valid checkpoint in --run-dir, "
                                                                 "fresh start if none | none | PATH of a checkpoint")

@@ -3,6 +3,7 @@ h5ddp_layer(h5ddp_io
   h5.cpp
   format.cpp
   checkpoint_plan.cpp
+  checkpoint_hash.cpp
   checkpoint_writer.cpp
   checkpoint_commit.cpp
   checkpoint_reader.cpp

@@ -291,6 +291,7 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
     o.fsync = config.fsync;
     o.keep_last = config.keep_last;
     o.keep_every = config.keep_every;
+    o.verify_replicas = config.verify_replicas;
     last_saved_step = counters.step;
     if (async) {
       async->start(st, config.run_dir, o);

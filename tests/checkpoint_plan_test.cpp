@@ -76,6 +76,37 @@ TEST(WholeDatasets, BalanceBytes) {
   EXPECT_LE(std::max(load[0], load[1]) - std::min(load[0], load[1]), 4u);
 }
 
+TEST(SampleHash, SeesSampledBytesAndSizeButNotTheGaps) {
+  std::vector<uint8_t> a(1 << 20);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i * 131 + 7);
+  const uint64_t h = ckpt::sample_hash(a.data(), a.size());
+  EXPECT_EQ(h, ckpt::sample_hash(a.data(), a.size()));
+  EXPECT_NE(h, ckpt::sample_hash(a.data(), a.size() - 1));  // the size is part of it
+  for (size_t at : {size_t{0}, a.size() - 1, (a.size() - 4096) / 15 * 7 + 100}) {  // first, last, block 7
+    auto b = a;
+    b[at] ^= 1;
+    EXPECT_NE(h, ckpt::sample_hash(b.data(), b.size())) << "flip at " << at;
+  }
+  auto gap = a;
+  gap[10000] ^= 1;  // between block 0 ([0, 4096)) and block 1: not sampled, by design
+  EXPECT_EQ(h, ckpt::sample_hash(gap.data(), gap.size()));
+  std::vector<uint8_t> small(100, 3);  // up to 64 KiB: every byte counts
+  const uint64_t hs = ckpt::sample_hash(small.data(), small.size());
+  small[50] = 4;
+  EXPECT_NE(hs, ckpt::sample_hash(small.data(), small.size()));
+}
+
+TEST(BackgroundHasher, MatchesHashBytesForEverySubmittedSlot) {
+  std::vector<std::vector<uint8_t>> bufs;
+  for (size_t n : {size_t{0}, size_t{1}, size_t{4095}, size_t{1} << 20}) bufs.emplace_back(n, static_cast<uint8_t>(n));
+  ckpt::BackgroundHasher hasher(bufs.size() + 1);
+  for (size_t i = 0; i < bufs.size(); ++i) hasher.submit(i, bufs[i].data(), bufs[i].size());
+  const auto got = hasher.finish();
+  ASSERT_EQ(got.size(), bufs.size() + 1);
+  for (size_t i = 0; i < bufs.size(); ++i) EXPECT_EQ(got[i], ckpt::hash_bytes(bufs[i].data(), bufs[i].size())) << i;
+  EXPECT_EQ(got.back(), 0u);  // never submitted
+}
+
 TEST(Format, NamesAndSteps) {
   EXPECT_EQ(format::model_dataset("features.0.weight"), "/model/features.0.weight");
   EXPECT_THROW(format::model_dataset("module.fc.weight"), CheckpointError);

@@ -171,6 +171,50 @@ TEST(Checkpoint, DivergedReplicaIsNamed) {
   EXPECT_EQ(files_in(dir), std::vector<std::string>{});
 }
 
+// A flip at byte 10000 of big.weight (1.2 MB) lies between two sampled blocks of the cheap replica check.
+TEST(Checkpoint, VerifyReplicasCatchesADifferenceTheSampleMisses) {
+  auto& world = test::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = test::scratch_dir("diverged-full");
+  OwnedState s(7, world.rank());
+  if (world.rank() == world.size() - 1) static_cast<uint8_t*>(s.find("big.weight")->data)[10000] ^= 1;
+  SaveOptions so;
+  so.verify_replicas = true;
+  try {
+    save_checkpoint(world, s.state, dir, so);
+    ADD_FAILURE() << "no error";
+  } catch (const DisagreementError& e) {
+    EXPECT_TRUE(contains(e.what(), "/model/big.weight")) << e.what();
+    EXPECT_FALSE(contains(e.what(), "/model/conv1.bias")) << e.what();
+  }
+  world.barrier();
+  EXPECT_EQ(files_in(dir), std::vector<std::string>{});  // the partial file is gone too
+}
+
+// Without verify_replicas the same difference may go unseen, but a committed file is always self-consistent:
+// each checksum is the hash of the bytes that went into the file (or ranks disagree and nothing is committed).
+TEST(Checkpoint, UnsampledDifferenceNeverCommitsACorruptFile) {
+  auto& world = test::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = test::scratch_dir("diverged-sampled");
+  OwnedState s(7, world.rank());
+  if (world.rank() == world.size() - 1) static_cast<uint8_t*>(s.find("big.weight")->data)[10000] ^= 1;
+  bool committed = false;
+  try {
+    save_checkpoint(world, s.state, dir);
+    committed = true;
+  } catch (const DisagreementError& e) {
+    EXPECT_TRUE(contains(e.what(), "/model/big.weight")) << e.what();
+  }
+  world.barrier();
+  if (committed) {
+    const auto problems = verify_checkpoint_collective(world, dir + "/" + format::checkpoint_file_name(207));
+    EXPECT_TRUE(problems.empty()) << problems.front();
+  } else {
+    EXPECT_EQ(files_in(dir), std::vector<std::string>{});
+  }
+}
+
 TEST(Checkpoint, CorruptBytesRaiseChecksumErrorNamingTheDataset) {
   auto& world = test::world();
   const std::string dir = test::scratch_dir("corrupt");

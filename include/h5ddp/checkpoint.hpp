@@ -22,6 +22,11 @@ struct SaveOptions {
   int keep_every = 0;    // retention: also keep every file whose step is a multiple of M (0 = none)
   std::string name;      // file name in run_dir; default "ckpt-%08lld.h5" of counters.step (".h5" added if missing)
   bool update_latest = true;  // move run_dir/latest to this file
+  // Replicated tensors must be identical on all ranks. By default each tensor is hashed in full by the one
+  // rank that writes it (its checksum), and ranks compare a sample of every tensor (16 blocks of 4 KiB, all
+  // of a tensor up to 64 KiB) before writing. true: every rank hashes every tensor in full and all hashes
+  // must agree (N times the hashing work; overlapped with the writes, like the default's).
+  bool verify_replicas = false;
 };
 
 struct SaveResult {
@@ -36,7 +41,8 @@ struct SaveResult {
 // Collective. Writes run_dir/<name>.partial with MPI-IO, commits it (close, fsync, rename, fsync dir), moves
 // run_dir/latest atomically, then applies retention. Every rank contributes its own state.rng as row `rank`
 // of /rng. Ranks must agree on step and on every dataset's name/dtype/shape, and replicated tensors must be
-// bit-identical on all ranks; otherwise DisagreementError on every rank and no file. I/O errors:
+// bit-identical on all ranks (checked as SaveOptions::verify_replicas says); otherwise DisagreementError on
+// every rank and nothing committed (no file, or the partial file removed). I/O errors:
 // CheckpointError/H5Error on every rank, the partial file removed, previous checkpoint and latest untouched.
 SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::string& run_dir,
                            const SaveOptions& options = {});

@@ -38,6 +38,7 @@ struct TrainConfig {
   int keep_last = 3;
   int keep_every = 0;
   bool fsync = true;
+  bool verify_replicas = false;    // every rank hashes every tensor on save and all hashes must agree
   bool async_checkpoint = false;   // write checkpoints on a background thread (blocks only for a copy)
   std::string on_save_error = "stop";  // stop | continue: a failed periodic save ends training, or is
                                        // reported and retried at the next trigger (final saves always stop)

@@ -6,7 +6,7 @@
 //          load: every rank (or with --folk-load root: rank 0, then MPI_Bcast) torch::pickle_load's it
 //
 //   mpirun -np 2 h5ddp-bench-checkpoint --gib 1 --dir /tmp/bench [--fsync 1] [--load 1] [--folk-load all|root]
-//                                       [--methods h5ddp,raw,folk] [--reps R] [--tensors K]
+//                                       [--methods h5ddp,raw,folk] [--reps R] [--tensors K] [--verify 0|1]
 //
 // Times are wall clock between barriers (the slowest rank). Before every load the file is fdatasync'ed and
 // evicted from the page cache (posix_fadvise DONTNEED), so loads read the disk. Extra memory is the rise of
@@ -43,6 +43,7 @@ struct Options {
   int tensors = 48;  // a third model weights, two thirds Adam state (exp_avg, exp_avg_sq)
   std::string methods = "h5ddp,raw,folk";
   int reps = 1;
+  bool verify = true;  // load_checkpoint's checksum verification (on by default, as in the trainer)
   bool has(const char* m) const { return methods.find(m) != std::string::npos; }
 };
 
@@ -140,6 +141,7 @@ class Bench {
         cold(h5);
         LoadOptions lo;
         lo.strategy = strategy;
+        lo.verify_checksums = o_.verify;
         measure("load", name, [&] { load_checkpoint(comm_, h5, state_, lo); });
         check(name);
       }
@@ -276,6 +278,7 @@ Options parse(int argc, char** argv) {
     else if (k == "--load") o.load = v == "1";
     else if (k == "--folk-load") o.folk_load_all = v == "all";
     else if (k == "--methods") o.methods = v;
+    else if (k == "--verify") o.verify = v == "1";
     else if (k == "--reps") o.reps = std::max(1, std::stoi(v));
     else if (k == "--tensors") o.tensors = std::max(3, std::stoi(v) / 3 * 3);
     else throw ConfigError("unknown option " + k);

@@ -18,25 +18,29 @@ CNN_ARGS=${CNN_ARGS:-"--model cnn --batch 64 --steps 20 --warmup 3"}
 MLP_ARGS=${MLP_ARGS:-"--model mlp --hidden 4096 --layers 4 --batch 16 --steps 5 --warmup 2"}
 [[ -x $bench ]] || { echo "missing $bench: cmake --build $build --target h5ddp-bench-ddp" >&2; exit 2; }
 
+cores=$(nproc --all)  # before OMP_NUM_THREADS=1, which nproc obeys
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpirun=(mpirun --oversubscribe --bind-to none)
 port=29600
-echo "# $(date -u +%FT%TZ) $(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$LOG"
+echo "# $(date -u +%FT%TZ) $cores cores, load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$LOG"
 for model in $MODELS; do
   args=$CNN_ARGS; [[ $model == mlp ]] && args=$MLP_ARGS
   for np in $RANKS; do
     for rep in $(seq "$REPS"); do
       for mode in $MODES; do
-        H5DDP_MPI_ASYNC=$mode timeout 900 "${mpirun[@]}" -x H5DDP_MPI_ASYNC -np "$np" "$bench" $args | grep RESULT | tee -a "$LOG"
+        H5DDP_MPI_ASYNC=$mode timeout 900 "${mpirun[@]}" -x H5DDP_MPI_ASYNC -np "$np" "$bench" $args | grep RESULT | sed "s/^RESULT/RESULT rep=$rep/" | tee -a "$LOG"
       done
       port=$((port + 1))
       MASTER_PORT=$port timeout 900 "${mpirun[@]}" -x MASTER_PORT -np "$np" "$python" "$here/ddp_bench.py" $args 2>/dev/null \
-        | grep RESULT | tee -a "$LOG"
+        | grep RESULT | sed "s/^RESULT/RESULT rep=$rep/" | tee -a "$LOG"
     done
   done
 done
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$LOG"
 "$python" - "$LOG" <<'PY'
+# Ratios: the machine's speed drifts by up to 3x between runs (a shared VM), so besides medians of times
+# the table gives the median of *paired* ratios (each h5ddp run against the PyTorch run next to it, same
+# repetition) and the ratio of the best (minimum) times; both are throughput h5ddp / PyTorch.
 import re, statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
@@ -47,17 +51,23 @@ for line in open(sys.argv[1]):
     rows.setdefault((kv["model"], int(kv["ranks"])), {}).setdefault(impl, []).append(kv)
 med = lambda xs, k: statistics.median(float(x[k]) for x in xs)
 print(f"\n{'model':5} {'ranks':>5} {'impl':20} {'local ms':>9} {'ddp ms':>9} {'comm ms':>8} {'wait ms':>8} "
-      f"{'hidden':>6} {'ddp/local':>9} {'h5ddp/pytorch throughput':>24}")
+      f"{'hidden':>6} {'ddp/local':>9} {'paired ratio':>12} {'best ratio':>10}")
 for (model, np), impls in sorted(rows.items()):
     py = impls.get("pytorch")
+    py_by_rep = {x.get("rep"): float(x["ddp_ms"]) for x in py} if py else {}
     for impl, xs in sorted(impls.items()):
         local, ddp = med(xs, "local_ms"), med(xs, "ddp_ms")
         comm = f"{med(xs, 'comm_ms'):8.1f}" if "comm_ms" in xs[0] else f"{'-':>8}"
         wait = f"{med(xs, 'wait_ms'):8.1f}" if "wait_ms" in xs[0] else f"{'-':>8}"
         hidden = f"{med(xs, 'hidden_wait'):6.2f}" if "hidden_wait" in xs[0] else f"{'-':>6}"
-        ratio = f"{med(py, 'ddp_ms') / ddp:24.2f}" if py and impl != "pytorch" else f"{'':>24}"
-        print(f"{model:5} {np:5d} {impl:20} {local:9.1f} {ddp:9.1f} {comm} {wait} {hidden} {ddp / local:9.2f} {ratio}")
-print("(medians of", max(len(v) for i in rows.values() for v in i.values()), "runs; comm = the bucket allreduces alone;"
-      " wait = time finish_backward waited after backward; hidden = 1 - wait/comm;"
-      " throughput ratio = pytorch ddp ms / h5ddp ddp ms)")
+        paired = best = ""
+        if py and impl != "pytorch":
+            pairs = [py_by_rep[x.get("rep")] / float(x["ddp_ms"]) for x in xs if x.get("rep") in py_by_rep]
+            paired = f"{statistics.median(pairs):.2f}" if pairs else "-"
+            best = f"{min(float(x['ddp_ms']) for x in py) / min(float(x['ddp_ms']) for x in xs):.2f}"
+        print(f"{model:5} {np:5d} {impl:20} {local:9.1f} {ddp:9.1f} {comm} {wait} {hidden} {ddp / local:9.2f} "
+              f"{paired:>12} {best:>10}")
+print("(times: medians of", max(len(v) for i in rows.values() for v in i.values()), "runs; comm = the bucket allreduces"
+      " alone; wait = time finish_backward waited after backward; hidden = 1 - wait/comm; paired ratio = median"
+      " over repetitions of pytorch ddp ms / h5ddp ddp ms; best ratio = min pytorch ddp ms / min h5ddp ddp ms)")
 PY
