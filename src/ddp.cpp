@@ -18,19 +18,7 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 DType to_dtype(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat: return DType::kF32;
-    case torch::kDouble: return DType::kF64;
-    case torch::kHalf: return DType::kF16;
-    case torch::kBFloat16: return DType::kBF16;
-    case torch::kLong: return DType::kI64;
-    case torch::kInt: return DType::kI32;
-    case torch::kShort: return DType::kI16;
-    case torch::kChar: return DType::kI8;
-    case torch::kByte: return DType::kU8;
-    case torch::kBool: return DType::kBool;
-    default: break;
-  }
+  if (auto d = dtype_of(t)) return *d;
   throw ConfigError(std::string("DDP: unsupported tensor dtype ") + c10::toString(t));
 }
 
@@ -85,6 +73,22 @@ void broadcast_coalesced(Comm& host, Comm* device, const std::vector<torch::Tens
 }
 
 }  // namespace
+
+std::optional<DType> dtype_of(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return DType::kF32;
+    case torch::kDouble: return DType::kF64;
+    case torch::kHalf: return DType::kF16;
+    case torch::kBFloat16: return DType::kBF16;
+    case torch::kLong: return DType::kI64;
+    case torch::kInt: return DType::kI32;
+    case torch::kShort: return DType::kI16;
+    case torch::kChar: return DType::kI8;
+    case torch::kByte: return DType::kU8;
+    case torch::kBool: return DType::kBool;
+    default: return std::nullopt;
+  }
+}
 
 struct DistributedDataParallel::Bucket {
   torch::Tensor buffer;  // flat; the last bucket has one extra trailing element (see finish_backward)

@@ -22,9 +22,25 @@ namespace {
 // MPI counts are int: large buffers go in chunks of at most this many elements.
 constexpr size_t kMaxChunk = static_cast<size_t>(INT_MAX) / 2;
 
+std::chrono::microseconds poll_interval() {
+  const char* e = std::getenv("H5DDP_MPI_POLL_US");
+  return std::chrono::microseconds(e ? std::max(0, std::atoi(e)) : 50);
+}
+
+// Tests `reqs` until they complete, sleeping `interval` between tests: MPI_Waitall busy-polls, and a rank
+// spinning on a core that another rank needs delays the very collective it waits for.
+void sleepy_waitall(std::vector<MPI_Request>& reqs, std::chrono::microseconds interval) {
+  for (int flag = 0;;) {
+    H5DDP_CHECK_MPI(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE));
+    if (flag) return;
+    std::this_thread::sleep_for(interval);
+  }
+}
+
 class MpiWork final : public Work {
  public:
-  explicit MpiWork(std::vector<MPI_Request> reqs) : reqs_(std::move(reqs)) {}
+  MpiWork(std::vector<MPI_Request> reqs, bool sleep_while_waiting)
+      : reqs_(std::move(reqs)), sleep_(sleep_while_waiting) {}
   ~MpiWork() override {
     // A Work dropped without wait() still must complete: the buffer belongs to the caller.
     if (!done_) {
@@ -36,7 +52,10 @@ class MpiWork final : public Work {
   void wait() override {
     if (done_) return;
     done_ = true;
-    H5DDP_CHECK_MPI(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE));
+    if (sleep_)
+      sleepy_waitall(reqs_, poll_interval());
+    else
+      H5DDP_CHECK_MPI(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE));
   }
   bool test() override {
     if (done_) return true;
@@ -48,6 +67,7 @@ class MpiWork final : public Work {
 
  private:
   std::vector<MPI_Request> reqs_;
+  bool sleep_ = false;
   bool done_ = false;
 };
 
@@ -132,20 +152,16 @@ std::vector<MPI_Request> iallreduce_chunked(MPI_Comm comm, void* buf, size_t cou
   return reqs;
 }
 
-std::chrono::microseconds poll_interval() {
-  const char* e = std::getenv("H5DDP_MPI_POLL_US");
-  return std::chrono::microseconds(e ? std::max(0, std::atoi(e)) : 50);
-}
-
 }  // namespace
 
 // One thread per communicator. kThread: runs queued allreduces (blocking) in submission order, which is the
 // order ranks called allreduce_async in, as MPI requires. kProgress: tests the requests of non-blocking
 // allreduces the caller started, sleeping `poll_interval` between unproductive rounds (so it costs little
-// CPU next to backward) and not sleeping while a caller waits.
+// CPU next to backward) and, unless the node is oversubscribed, not sleeping while a caller waits.
 class MpiComm::Worker {
  public:
-  explicit Worker(MPI_Comm comm) : comm_(comm), interval_(poll_interval()), thread_([this] { loop(); }) {}
+  Worker(MPI_Comm comm, bool sleep_while_waiting)
+      : comm_(comm), interval_(poll_interval()), sleep_while_waiting_(sleep_while_waiting), thread_([this] { loop(); }) {}
   ~Worker() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -208,9 +224,10 @@ class MpiComm::Worker {
         }
       }
       // Never spin flat out: on a machine with more ranks than cores a spinning thread takes the CPU the
-      // other ranks need to reach the collective. Yield while someone waits, sleep otherwise.
+      // other ranks need to reach the collective. Yield while someone waits (sleep there too when the
+      // node has more ranks than cores), sleep otherwise.
       if (progressed) continue;
-      if (waiters_.load() > 0 || interval_.count() == 0)
+      if ((waiters_.load() > 0 && !sleep_while_waiting_) || interval_.count() == 0)
         std::this_thread::yield();
       else
         std::this_thread::sleep_for(interval_);
@@ -219,6 +236,7 @@ class MpiComm::Worker {
 
   MPI_Comm comm_;
   std::chrono::microseconds interval_;
+  bool sleep_while_waiting_;
   std::atomic<int> waiters_{0};
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -286,6 +304,20 @@ std::unique_ptr<MpiComm> MpiComm::dup(MPI_Comm parent) {
   H5DDP_CHECK_MPI(MPI_Comm_rank(c->comm_, &c->rank_));
   H5DDP_CHECK_MPI(MPI_Comm_size(c->comm_, &c->size_));
   c->set_async_mode(default_async_mode());
+  // More ranks on this node than cores: waiting for an asynchronous allreduce sleeps between tests instead
+  // of spinning. H5DDP_MPI_WAIT=spin|sleep overrides. Local: it changes how a rank waits, not what it calls.
+  MPI_Comm node;
+  H5DDP_CHECK_MPI(MPI_Comm_split_type(c->comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int local = 1;
+  MPI_Comm_size(node, &local);
+  MPI_Comm_free(&node);
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  c->sleep_while_waiting_ = static_cast<unsigned>(local) > cores;
+  if (const char* e = std::getenv("H5DDP_MPI_WAIT")) {
+    if (std::strcmp(e, "sleep") == 0) c->sleep_while_waiting_ = true;
+    else if (std::strcmp(e, "spin") == 0) c->sleep_while_waiting_ = false;
+    else throw ConfigError(std::string("H5DDP_MPI_WAIT must be 'spin' or 'sleep', not '") + e + "'");
+  }
   return c;
 }
 
@@ -322,7 +354,7 @@ void MpiComm::allreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
 std::unique_ptr<Work> MpiComm::allreduce_async(void* buf, size_t count, DType dtype, ReduceOp op) {
   H5DDP_CHECK(dtype != DType::kF16 && dtype != DType::kBF16, "MPI allreduce of 16-bit floats is not supported");
   if (async_mode_ != AsyncMode::kNonBlocking) {
-    if (!worker_) worker_ = std::make_unique<Worker>(async_comm_);
+    if (!worker_) worker_ = std::make_unique<Worker>(async_comm_, sleep_while_waiting_);
     auto state = std::make_shared<ThreadOp>();
     state->buf = buf;
     state->count = count;
@@ -333,7 +365,7 @@ std::unique_ptr<Work> MpiComm::allreduce_async(void* buf, size_t count, DType dt
     worker_->submit(state);
     return std::make_unique<ThreadWork>(std::move(state));
   }
-  return std::make_unique<MpiWork>(iallreduce_chunked(async_comm_, buf, count, dtype, op));
+  return std::make_unique<MpiWork>(iallreduce_chunked(async_comm_, buf, count, dtype, op), sleep_while_waiting_);
 }
 
 void MpiComm::allgather(const void* send, void* recv, size_t count, DType dtype) {

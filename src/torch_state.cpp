@@ -4,25 +4,15 @@
 
 #include <mutex>
 
+#include "h5ddp/ddp.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/sampler.hpp"
 
 namespace h5ddp {
 
 DType to_dtype(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat: return DType::kF32;
-    case torch::kDouble: return DType::kF64;
-    case torch::kHalf: return DType::kF16;
-    case torch::kBFloat16: return DType::kBF16;
-    case torch::kLong: return DType::kI64;
-    case torch::kInt: return DType::kI32;
-    case torch::kShort: return DType::kI16;
-    case torch::kChar: return DType::kI8;
-    case torch::kByte: return DType::kU8;
-    case torch::kBool: return DType::kBool;
-    default: throw CheckpointError(std::string("tensor dtype ") + c10::toString(t) + " cannot be checkpointed");
-  }
+  if (auto d = dtype_of(t)) return *d;
+  throw CheckpointError(std::string("tensor dtype ") + c10::toString(t) + " cannot be checkpointed");
 }
 
 torch::ScalarType to_scalar_type(DType t) {

@@ -1,9 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <numeric>
 #include <vector>
 
 #include "h5ddp/error.hpp"
+#include "h5ddp/mpi_comm.hpp"
 #include "test_util.hpp"
 
 using namespace h5ddp;
@@ -29,6 +31,27 @@ TEST(Comm, AsyncAllreduceMatchesBlocking) {
   }
   w->wait();
   EXPECT_EQ(a, b);
+}
+
+// Waiting that sleeps between tests (chosen on oversubscribed nodes, or by H5DDP_MPI_WAIT) gives the same
+// sums in every async mode; a bad H5DDP_MPI_WAIT is a ConfigError.
+TEST(Comm, SleepingWaitsGiveTheSameResultsInEveryMode) {
+  for (const char* wait : {"sleep", "spin"}) {
+    setenv("H5DDP_MPI_WAIT", wait, 1);
+    auto c = MpiComm::dup(MPI_COMM_WORLD);
+    EXPECT_EQ(c->sleeps_while_waiting(), std::string(wait) == "sleep");
+    for (auto mode : {MpiComm::AsyncMode::kNonBlocking, MpiComm::AsyncMode::kProgress, MpiComm::AsyncMode::kThread}) {
+      c->set_async_mode(mode);
+      std::vector<float> v(100000, static_cast<float>(c->rank() + 1));
+      auto w = c->allreduce_async(v.data(), v.size(), DType::kF32, ReduceOp::kSum);
+      w->wait();
+      const float expect = c->size() * (c->size() + 1) / 2.0f;
+      for (float x : v) ASSERT_EQ(x, expect) << wait << " mode " << static_cast<int>(mode);
+    }
+  }
+  setenv("H5DDP_MPI_WAIT", "bogus", 1);
+  EXPECT_THROW(MpiComm::dup(MPI_COMM_WORLD), ConfigError);
+  unsetenv("H5DDP_MPI_WAIT");
 }
 
 TEST(Comm, BroadcastAndAllgather) {

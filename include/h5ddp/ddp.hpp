@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,10 @@
 #include "h5ddp/comm.hpp"
 
 namespace h5ddp {
+
+// The h5ddp dtype (Comm, checkpoints) of a torch scalar type; nullopt for types h5ddp does not carry
+// (complex, quantized, ...). One mapping for the ddp and train layers.
+std::optional<DType> dtype_of(torch::ScalarType t);
 
 struct DdpOptions {
   size_t first_bucket_bytes = kFirstBucketBytes;

@@ -54,6 +54,9 @@ class MpiComm final : public Comm {
   std::string async_mode_name() const {
     return async_mode_ == AsyncMode::kThread ? "thread" : async_mode_ == AsyncMode::kProgress ? "progress" : "nonblocking";
   }
+  // Whether waiting for an asynchronous allreduce sleeps between tests (more ranks on this node than cores,
+  // or H5DDP_MPI_WAIT=sleep) instead of spinning (H5DDP_MPI_WAIT=spin).
+  bool sleeps_while_waiting() const { return sleep_while_waiting_; }
 
  private:
   class Worker;
@@ -62,6 +65,7 @@ class MpiComm final : public Comm {
   MPI_Comm async_comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   AsyncMode async_mode_ = AsyncMode::kNonBlocking;
+  bool sleep_while_waiting_ = false;
   std::unique_ptr<Worker> worker_;  // started on the first kThread/kProgress operation
 };
 

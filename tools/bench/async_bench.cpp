@@ -4,7 +4,10 @@
 // for cores shows up as fewer steps per second) plus one small allreduce (the step agreement).
 //   1. sync save time (save_checkpoint), repeated --reps times
 //   2. async blocked time per checkpoint (AsyncCheckpointer::start), same count
-//   3. throughput: --steps steps with no checkpoints, sync every K steps, async every K steps
+//   3. throughput: --steps steps with no checkpoints, sync every K steps, async every K steps (the checkpoint
+//      lands mid-interval, at steps K/2, 3K/2, ..., so every one of them and its background write falls inside
+//      the timed window); --rounds R repeats the three runs R times, rotating their order (the machine's
+//      speed drifts over minutes), and reports medians
 // Prints one markdown table per section (rank 0). Driver: tools/bench/async_bench.sh.
 #include <algorithm>
 #include <chrono>
@@ -32,6 +35,7 @@ struct Options {
   int reps = 3;
   int steps = 300;
   int every = 100;            // K: checkpoint every K steps in the throughput runs
+  int rounds = 1;             // repetitions of (none, sync, async), order rotated
   size_t work_kib = 2048;     // floats updated per step (KiB of state touched)
   int work_passes = 8;        // arithmetic passes over that slice per step
   std::string dir = "/tmp/h5ddp-bench-async";
@@ -47,6 +51,7 @@ Options parse(int argc, char** argv) {
     else if (k == "--reps") o.reps = std::stoi(v);
     else if (k == "--steps") o.steps = std::stoi(v);
     else if (k == "--every") o.every = std::stoi(v);
+    else if (k == "--rounds") o.rounds = std::max(1, std::stoi(v));
     else if (k == "--work-kib") o.work_kib = std::stoul(v);
     else if (k == "--work-passes") o.work_passes = std::stoi(v);
     else if (k == "--dir") o.dir = v;
@@ -98,7 +103,8 @@ struct State {
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
+  if (v.empty()) return 0;
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 }  // namespace
@@ -167,15 +173,15 @@ int main(int argc, char** argv) {
     }
 
     // 3: throughput with checkpoints every K steps.
-    auto run = [&](int mode) {  // 0 none, 1 sync, 2 async
+    auto run = [&](int mode, int steps) {  // 0 none, 1 sync, 2 async
       comm->barrier();
       const auto t0 = Clock::now();
       double blocked = 0;
-      for (int i = 1; i <= o.steps; ++i) {
+      for (int i = 1; i <= steps; ++i) {
         s.step(o);
         agree();
         if (mode == 2 && async.in_flight()) async.poll();
-        if (mode != 0 && i % o.every == 0) {
+        if (mode != 0 && i % o.every == o.every / 2) {
           const auto tb = Clock::now();
           if (mode == 1) h5ddp::save_checkpoint(*comm, s.ts, o.dir, so);
           else async.start(s.ts, o.dir, so);
@@ -188,12 +194,21 @@ int main(int argc, char** argv) {
       comm->allreduce(r, 2, h5ddp::DType::kF64, h5ddp::ReduceOp::kMax);
       return std::pair<double, double>(r[0], r[1]);
     };
-    run(0);  // warm-up (page cache, first-touch)
-    const auto none = run(0), sync = run(1), asy = run(2);
+    run(0, std::min(o.steps, 200));  // warm-up (page cache, first-touch)
+    std::vector<double> wall[3], blocked[3];
+    for (int r = 0; r < o.rounds; ++r)
+      for (int k = 0; k < 3; ++k) {
+        const int mode = (k + r) % 3;
+        const auto x = run(mode, o.steps);
+        wall[mode].push_back(x.first);
+        blocked[mode].push_back(x.second);
+      }
+    auto med = [&](int mode) { return std::pair<double, double>(median(wall[mode]), median(blocked[mode])); };
+    const auto none = med(0), sync = med(1), asy = med(2);
     if (root) {
       const double step_s = none.first / o.steps;
-      std::printf("\n### Throughput: %d steps of %.1f ms, checkpoint every %d steps (every %.1f s without checkpoints)\n\n",
-                  o.steps, 1000 * step_s, o.every, step_s * o.every);
+      std::printf("\n### Throughput: %d steps of %.1f ms, checkpoint every %d steps (every %.1f s without checkpoints), "
+                  "median of %d rounds\n\n", o.steps, 1000 * step_s, o.every, step_s * o.every, o.rounds);
       std::printf("| checkpoints | wall (s) | steps/s | vs none | blocked in saves (s) |\n|---|---:|---:|---:|---:|\n");
       auto row = [&](const char* name, std::pair<double, double> x) {
         std::printf("| %s | %.2f | %.2f | %.1f%% | %.2f |\n", name, x.first, o.steps / x.first,

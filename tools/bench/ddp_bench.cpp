@@ -176,11 +176,11 @@ int run(const Options& o, MpiEnv& env) {
   if (env.rank() == 0) {
     std::printf(
         "RESULT impl=h5ddp model=%s ranks=%d params=%lld batch=%lld buckets=%zu local_ms=%.3f ddp_ms=%.3f "
-        "comm_ms=%.3f hidden=%.2f hidden_wait=%.2f wait_ms=%.3f in_backward=%.2f async=%s\n",
+        "comm_ms=%.3f hidden=%.2f hidden_wait=%.2f wait_ms=%.3f in_backward=%.2f async=%s waiting=%s\n",
         o.model.c_str(), env.size(), static_cast<long long>(nparams), static_cast<long long>(o.batch),
         ddp.buckets().size(), 1e3 * t_local, 1e3 * t_ddp, 1e3 * t_comm, hidden, hidden_wait, 1e3 * wait,
         st.buckets_launched ? double(st.buckets_launched_in_backward) / st.buckets_launched : 0.0,
-        comm->async_mode_name().c_str());
+        comm->async_mode_name().c_str(), comm->sleeps_while_waiting() ? "sleep" : "spin");
     std::fflush(stdout);
   }
   return 0;

@@ -4,6 +4,7 @@
 # Prints a table of medians over the repetitions; raw RESULT lines go to $LOG.
 #
 #   tools/bench/ddp_bench.sh [build-dir]        env: REPS=3 RANKS="1 2 4" MODELS="cnn mlp" MODES="progress thread nonblocking"
+#                                                    WAITS="auto" (or "spin sleep": H5DDP_MPI_WAIT for each h5ddp run)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-${H5DDP_BINARY_DIR:-$here/../../build}}
@@ -13,6 +14,7 @@ REPS=${REPS:-3}
 RANKS=${RANKS:-"1 2 4"}
 MODELS=${MODELS:-"cnn mlp"}
 MODES=${MODES:-"progress thread nonblocking"}
+WAITS=${WAITS:-auto}
 LOG=${LOG:-$(mktemp /tmp/h5ddp-ddp-bench-XXXXXX.log)}
 CNN_ARGS=${CNN_ARGS:-"--model cnn --batch 64 --steps 20 --warmup 3"}
 MLP_ARGS=${MLP_ARGS:-"--model mlp --hidden 4096 --layers 4 --batch 16 --steps 5 --warmup 2"}
@@ -28,7 +30,11 @@ for model in $MODELS; do
   for np in $RANKS; do
     for rep in $(seq "$REPS"); do
       for mode in $MODES; do
-        H5DDP_MPI_ASYNC=$mode timeout 900 "${mpirun[@]}" -x H5DDP_MPI_ASYNC -np "$np" "$bench" $args | grep RESULT | sed "s/^RESULT/RESULT rep=$rep/" | tee -a "$LOG"
+        for wait in $WAITS; do
+          waitenv=(); [[ $wait == auto ]] || waitenv=(-x H5DDP_MPI_WAIT="$wait")
+          H5DDP_MPI_ASYNC=$mode timeout 900 "${mpirun[@]}" -x H5DDP_MPI_ASYNC "${waitenv[@]}" -np "$np" "$bench" $args \
+            | grep RESULT | sed "s/^RESULT/RESULT rep=$rep/" | tee -a "$LOG"
+        done
       done
       port=$((port + 1))
       MASTER_PORT=$port timeout 900 "${mpirun[@]}" -x MASTER_PORT -np "$np" "$python" "$here/ddp_bench.py" $args 2>/dev/null \
@@ -47,7 +53,7 @@ for line in open(sys.argv[1]):
     if not line.startswith("RESULT"):
         continue
     kv = dict(re.findall(r"(\w+)=(\S+)", line))
-    impl = kv["impl"] + ("/" + kv["async"] if "async" in kv else "")
+    impl = kv["impl"] + ("/" + kv["async"] if "async" in kv else "") + ("/" + kv["waiting"] if "waiting" in kv else "")
     rows.setdefault((kv["model"], int(kv["ranks"])), {}).setdefault(impl, []).append(kv)
 med = lambda xs, k: statistics.median(float(x[k]) for x in xs)
 print(f"\n{'model':5} {'ranks':>5} {'impl':20} {'local ms':>9} {'ddp ms':>9} {'comm ms':>8} {'wait ms':>8} "
