@@ -1,9 +1,13 @@
 #include "h5ddp/async_checkpoint.hpp"
 
 #include <mpi.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +31,20 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 constexpr size_t kAlign = 64;                       // each tensor starts on a cache line
 constexpr size_t kParallelCopyBytes = 64u << 20;    // below this, one thread copies
 constexpr size_t kCopyChunk = 16u << 20;            // unit of work of the copy threads
+
+// The background save runs at a lower CPU priority than training (Linux nice is per thread, and the
+// checksum thread it starts inherits it), so where cores are short the training threads win them and the
+// save takes the slack. H5DDP_ASYNC_NICE=N sets the increment (default 10; 0 keeps the caller's priority).
+void lower_this_thread_priority() {
+  const char* e = std::getenv("H5DDP_ASYNC_NICE");
+  const int inc = e ? std::atoi(e) : 10;
+  if (inc <= 0) return;
+  const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+  errno = 0;
+  const int current = ::getpriority(PRIO_PROCESS, tid);
+  if (errno == 0 && ::setpriority(PRIO_PROCESS, tid, std::min(19, current + inc)) != 0)
+    log::debug(std::string("asynchronous checkpoint: cannot lower the writer's priority: ") + std::strerror(errno));
+}
 
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -193,6 +211,7 @@ void AsyncCheckpointer::start(const TrainState& state, const std::string& run_di
   worker_result_ = SaveResult();
   done_.store(false);
   worker_ = std::thread([this] {
+    lower_this_thread_priority();
     worker_error_ = ckpt::capture_error([this] { worker_result_ = save_checkpoint(*bg_comm_, snapshot_, run_dir_, options_); });
     if (worker_error_.empty()) {
       log::debug("asynchronous checkpoint committed: " + worker_result_.path);

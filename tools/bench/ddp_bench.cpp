@@ -137,11 +137,25 @@ int run(const Options& o, MpiEnv& env) {
   auto y = torch::randint(0, 10, {o.batch}, torch::kLong);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
 
+  // Per-phase times of this rank (H5DDP_BENCH_PHASES=1 prints them for every rank): where a DDP step's
+  // extra time goes, rank by rank.
+  const bool phases = std::getenv("H5DDP_BENCH_PHASES") != nullptr;
+  double ph[2][4] = {};  // [local|ddp][forward, backward, finish, step]
+  auto lap = [&](double& acc, double& t) {
+    const double n = now();
+    acc += n - t;
+    t = n;
+  };
   // (a) local step: every rank trains alone, at the same time (same CPU contention as the DDP step).
   const double t_local = time_steps(*comm, o.warmup, o.steps, [&] {
-    torch::nll_loss(torch::log_softmax(forward(x), 1), y).backward();
+    double t = now();
+    auto loss = torch::nll_loss(torch::log_softmax(forward(x), 1), y);
+    lap(ph[0][0], t);
+    loss.backward();
+    lap(ph[0][1], t);
     opt.step();
     opt.zero_grad();
+    lap(ph[0][3], t);
   });
 
   DdpOptions dopt;
@@ -149,12 +163,25 @@ int run(const Options& o, MpiEnv& env) {
   DistributedDataParallel ddp(model, *comm, dopt);
   // (b) DDP step.
   const double t_ddp = time_steps(*comm, o.warmup, o.steps, [&] {
+    double t = now();
     ddp.prepare_forward();
-    torch::nll_loss(torch::log_softmax(forward(x), 1), y).backward();
+    auto loss = torch::nll_loss(torch::log_softmax(forward(x), 1), y);
+    lap(ph[1][0], t);
+    loss.backward();
+    lap(ph[1][1], t);
     ddp.finish_backward();
+    lap(ph[1][2], t);
     opt.step();
     opt.zero_grad();
+    lap(ph[1][3], t);
   });
+  if (phases) {
+    const double n = o.warmup + o.steps;
+    std::fprintf(stderr,
+                 "PHASES rank=%d local: fwd=%.1f bwd=%.1f step=%.1f | ddp: fwd=%.1f bwd=%.1f finish=%.1f step=%.1f ms\n",
+                 env.rank(), 1e3 * ph[0][0] / n, 1e3 * ph[0][1] / n, 1e3 * ph[0][3] / n, 1e3 * ph[1][0] / n,
+                 1e3 * ph[1][1] / n, 1e3 * ph[1][2] / n, 1e3 * ph[1][3] / n);
+  }
   const auto st = ddp.stats();
 
   // (c) the same bucket allreduces with nothing else running: the communication there is to hide.
