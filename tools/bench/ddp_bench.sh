@@ -5,6 +5,7 @@
 #
 #   tools/bench/ddp_bench.sh [build-dir]        env: REPS=3 RANKS="1 2 4" MODELS="cnn mlp" MODES="progress thread nonblocking"
 #                                                    WAITS="auto" (or "spin sleep": H5DDP_MPI_WAIT for each h5ddp run)
+#                                                    BIND=none (mpirun --bind-to for both frameworks: none, core, ...)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-${H5DDP_BINARY_DIR:-$here/../../build}}
@@ -22,7 +23,7 @@ MLP_ARGS=${MLP_ARGS:-"--model mlp --hidden 4096 --layers 4 --batch 16 --steps 5 
 
 cores=$(nproc --all)  # before OMP_NUM_THREADS=1, which nproc obeys
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-mpirun=(mpirun --oversubscribe --bind-to none)
+mpirun=(mpirun --oversubscribe --bind-to "${BIND:-none}")
 port=29600
 echo "# $(date -u +%FT%TZ) $cores cores, load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$LOG"
 for model in $MODELS; do
