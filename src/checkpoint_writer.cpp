@@ -66,9 +66,8 @@ void agree_on_plan(Comm& comm, const ckpt::SavePlan& plan) {
 // rank hashed its own copy and the hashes must agree.
 constexpr int kEveryRank = -1;
 std::vector<int> checksum_owners(const ckpt::SavePlan& plan, const std::vector<ckpt::Segment>& segments,
-                                 bool verify_replicas) {
-  std::vector<int> owner(plan.datasets.size(), kEveryRank), pieces(plan.datasets.size(), 0);
-  for (const auto& s : segments) ++pieces[s.index];
+                                 const std::vector<int>& pieces, bool verify_replicas) {
+  std::vector<int> owner(plan.datasets.size(), kEveryRank);
   if (verify_replicas) return owner;
   for (const auto& s : segments)
     if (plan.datasets[s.index].tensor && pieces[s.index] == 1) owner[s.index] = s.rank;
@@ -174,7 +173,9 @@ SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::strin
   // it writes (or everything, with verify_replicas), so hashing costs neither a pass before the writes nor
   // N copies of the work.
   const auto segments = ckpt::compute_segments(plan.datasets, world);
-  const std::vector<int> owner = checksum_owners(plan, segments, options.verify_replicas);
+  std::vector<int> pieces(plan.datasets.size(), 0);  // segments per dataset: >= 2 means split between ranks
+  for (const auto& s : segments) ++pieces[s.index];
+  const std::vector<int> owner = checksum_owners(plan, segments, pieces, options.verify_replicas);
   ckpt::BackgroundHasher hasher(plan.datasets.size());
   for (size_t i = 0; i < plan.datasets.size(); ++i)
     if (plan.datasets[i].tensor && (owner[i] == kEveryRank || owner[i] == rank))
@@ -233,8 +234,6 @@ SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::strin
 
     // Datasets split between ranks go collectively (all ranks call, in plan order); the rest of each
     // rank's share goes independently, so ranks never wait on each other dataset by dataset.
-    std::vector<int> pieces(plan.datasets.size(), 0);
-    for (const auto& s : segments) ++pieces[s.index];
     uint64_t my_bytes = 0;
     for (const auto& s : segments)
       if (s.rank == rank) my_bytes += (s.row_end - s.row_begin) * plan.datasets[s.index].row_bytes();

@@ -39,8 +39,9 @@ void sleepy_waitall(std::vector<MPI_Request>& reqs, std::chrono::microseconds in
 
 class MpiWork final : public Work {
  public:
-  MpiWork(std::vector<MPI_Request> reqs, bool sleep_while_waiting)
-      : reqs_(std::move(reqs)), sleep_(sleep_while_waiting) {}
+  // sleep_interval > 0: wait() tests and sleeps this long between tests instead of MPI_Waitall's spin.
+  MpiWork(std::vector<MPI_Request> reqs, std::chrono::microseconds sleep_interval)
+      : reqs_(std::move(reqs)), sleep_(sleep_interval) {}
   ~MpiWork() override {
     // A Work dropped without wait() still must complete: the buffer belongs to the caller.
     if (!done_) {
@@ -52,8 +53,8 @@ class MpiWork final : public Work {
   void wait() override {
     if (done_) return;
     done_ = true;
-    if (sleep_)
-      sleepy_waitall(reqs_, poll_interval());
+    if (sleep_.count() > 0)
+      sleepy_waitall(reqs_, sleep_);
     else
       H5DDP_CHECK_MPI(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE));
   }
@@ -67,7 +68,7 @@ class MpiWork final : public Work {
 
  private:
   std::vector<MPI_Request> reqs_;
-  bool sleep_ = false;
+  std::chrono::microseconds sleep_;
   bool done_ = false;
 };
 
@@ -313,6 +314,7 @@ std::unique_ptr<MpiComm> MpiComm::dup(MPI_Comm parent) {
   MPI_Comm_free(&node);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   c->sleep_while_waiting_ = static_cast<unsigned>(local) > cores;
+  c->poll_interval_ = std::max(std::chrono::microseconds(1), poll_interval());
   if (const char* e = std::getenv("H5DDP_MPI_WAIT")) {
     if (std::strcmp(e, "sleep") == 0) c->sleep_while_waiting_ = true;
     else if (std::strcmp(e, "spin") == 0) c->sleep_while_waiting_ = false;
@@ -365,7 +367,8 @@ std::unique_ptr<Work> MpiComm::allreduce_async(void* buf, size_t count, DType dt
     worker_->submit(state);
     return std::make_unique<ThreadWork>(std::move(state));
   }
-  return std::make_unique<MpiWork>(iallreduce_chunked(async_comm_, buf, count, dtype, op), sleep_while_waiting_);
+  return std::make_unique<MpiWork>(iallreduce_chunked(async_comm_, buf, count, dtype, op),
+                                   sleep_while_waiting_ ? poll_interval_ : std::chrono::microseconds(0));
 }
 
 void MpiComm::allgather(const void* send, void* recv, size_t count, DType dtype) {

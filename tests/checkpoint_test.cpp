@@ -171,13 +171,19 @@ TEST(Checkpoint, DivergedReplicaIsNamed) {
   EXPECT_EQ(files_in(dir), std::vector<std::string>{});
 }
 
-// A flip at byte 10000 of big.weight (1.2 MB) lies between two sampled blocks of the cheap replica check.
+// The last rank's big.weight (1.2 MB) differs at byte 10000: between two sampled blocks of the cheap
+// replica check.
+void diverge_outside_the_sample(OwnedState& s) {
+  auto& world = test::world();
+  if (world.rank() == world.size() - 1) static_cast<uint8_t*>(s.find("big.weight")->data)[10000] ^= 1;
+}
+
 TEST(Checkpoint, VerifyReplicasCatchesADifferenceTheSampleMisses) {
   auto& world = test::world();
   if (world.size() < 2) GTEST_SKIP() << "needs 2 ranks";
   const std::string dir = test::scratch_dir("diverged-full");
   OwnedState s(7, world.rank());
-  if (world.rank() == world.size() - 1) static_cast<uint8_t*>(s.find("big.weight")->data)[10000] ^= 1;
+  diverge_outside_the_sample(s);
   SaveOptions so;
   so.verify_replicas = true;
   try {
@@ -198,7 +204,7 @@ TEST(Checkpoint, UnsampledDifferenceNeverCommitsACorruptFile) {
   if (world.size() < 2) GTEST_SKIP() << "needs 2 ranks";
   const std::string dir = test::scratch_dir("diverged-sampled");
   OwnedState s(7, world.rank());
-  if (world.rank() == world.size() - 1) static_cast<uint8_t*>(s.find("big.weight")->data)[10000] ^= 1;
+  diverge_outside_the_sample(s);
   bool committed = false;
   try {
     save_checkpoint(world, s.state, dir);

@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -66,6 +67,7 @@ class MpiComm final : public Comm {
   int rank_ = 0, size_ = 1;
   AsyncMode async_mode_ = AsyncMode::kNonBlocking;
   bool sleep_while_waiting_ = false;
+  std::chrono::microseconds poll_interval_{50};  // H5DDP_MPI_POLL_US, read once
   std::unique_ptr<Worker> worker_;  // started on the first kThread/kProgress operation
 };
 

@@ -43,15 +43,12 @@ ref_pid=""
 finish() {
   if [ -n "$ref_pid" ] && kill -0 "$ref_pid" 2>/dev/null; then kill -TERM "$ref_pid" 2>/dev/null || true; fi
   "$here/local_slurm.sh" stop "$cluster" || true
-  if [ "$status" -eq 0 ]; then rm -rf "$work"; else echo "logs kept in $work" >&2; fi
+  keep_logs_on_failure
 }
 trap finish EXIT
 
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
+# shellcheck source=test_lib.sh
+. "$here/test_lib.sh"
 now() { date -u +%T; }
 
 "$here/local_slurm.sh" start "$cluster" 4 preempt

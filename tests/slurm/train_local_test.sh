@@ -24,14 +24,11 @@ ref_pid=""
 finish() {
   local p
   for p in $run_pid $ref_pid; do kill -0 "$p" 2>/dev/null && kill -TERM "$p" 2>/dev/null; done
-  if [ "$status" -eq 0 ]; then rm -rf "$work"; else echo "logs kept in $work" >&2; fi
+  keep_logs_on_failure
 }
 trap finish EXIT
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
+# shellcheck source=test_lib.sh
+. "$here/test_lib.sh"
 
 # Uninterrupted reference, alongside the interrupted run.
 H5DDP_RUN_DIR="$work/ref" timeout 180 "$script" "${args[@]}" >"$work/ref.out" 2>&1 &
