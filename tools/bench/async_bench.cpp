@@ -9,7 +9,13 @@
 //      the timed window); --rounds R repeats the three runs R times, rotating their order (the machine's
 //      speed drifts over minutes), and reports medians
 // Prints one markdown table per section (rank 0). Driver: tools/bench/async_bench.sh.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "h5ddp/async_checkpoint.hpp"
@@ -40,6 +47,7 @@ struct Options {
   int work_passes = 8;        // arithmetic passes over that slice per step
   std::string dir = "/tmp/h5ddp-bench-async";
   bool fsync = true;
+  bool floor = false;         // also run the plain background writer (section 4)
 };
 
 Options parse(int argc, char** argv) {
@@ -56,6 +64,7 @@ Options parse(int argc, char** argv) {
     else if (k == "--work-passes") o.work_passes = std::stoi(v);
     else if (k == "--dir") o.dir = v;
     else if (k == "--fsync") o.fsync = v != "0";
+    else if (k == "--floor") o.floor = v != "0";
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       std::exit(2);
@@ -99,6 +108,58 @@ struct State {
     }
     ++ts.counters.step;
   }
+};
+
+// The floor: what any background writer of these bytes costs here. One thread per save, nice like h5ddp's
+// writer (H5DDP_ASYNC_NICE, default 10), plain write() + fsync of a copy made at start(); retention = unlink
+// of the file from two saves before. Buffer reused between saves, as h5ddp's arena is. Aborts on an I/O
+// error: a benchmark, not a checkpointer.
+class PlainBackgroundWriter {
+ public:
+  explicit PlainBackgroundWriter(std::string dir) : dir_(std::move(dir)) {}
+  ~PlainBackgroundWriter() { wait(); }
+  // Each rank writes its 1/size share of the bytes to its own file (h5ddp's ranks share one file).
+  double start(const State& s, int rank, int size, bool fsync) {
+    const auto t0 = Clock::now();
+    wait();
+    size_t total = 0;
+    for (const auto& v : s.storage) total += v.size() * sizeof(float);
+    if (buffer_.size() != total) buffer_.resize(total);
+    size_t off = 0;
+    for (const auto& v : s.storage) {
+      std::memcpy(buffer_.data() + off, v.data(), v.size() * sizeof(float));
+      off += v.size() * sizeof(float);
+    }
+    const std::string path = dir_ + "/plain-" + std::to_string(rank) + "-" + std::to_string(n_) + ".bin";
+    const std::string old = dir_ + "/plain-" + std::to_string(rank) + "-" + std::to_string(n_ - 2) + ".bin";
+    ++n_;
+    const size_t begin = total * rank / size, end = total * (rank + 1) / size;
+    thread_ = std::thread([this, path, old, fsync, begin, end] {
+      const char* e = std::getenv("H5DDP_ASYNC_NICE");
+      const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+      ::setpriority(PRIO_PROCESS, tid, std::min(19, ::getpriority(PRIO_PROCESS, tid) + (e ? std::atoi(e) : 10)));
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0) std::abort();
+      for (size_t done = begin; done < end;) {
+        const ssize_t w = ::write(fd, buffer_.data() + done, std::min<size_t>(end - done, 64u << 20));
+        if (w <= 0) std::abort();
+        done += static_cast<size_t>(w);
+      }
+      if (fsync) ::fsync(fd);
+      ::close(fd);
+      ::unlink(old.c_str());
+    });
+    return since(t0);
+  }
+  void wait() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::string dir_;
+  std::vector<char> buffer_;
+  std::thread thread_;
+  long n_ = 0;
 };
 
 double median(std::vector<double> v) {
@@ -173,7 +234,8 @@ int main(int argc, char** argv) {
     }
 
     // 3: throughput with checkpoints every K steps.
-    auto run = [&](int mode, int steps) {  // 0 none, 1 sync, 2 async
+    PlainBackgroundWriter plain(o.dir);
+    auto run = [&](int mode, int steps) {  // 0 none, 1 sync, 2 async, 3 plain background writer (floor)
       comm->barrier();
       const auto t0 = Clock::now();
       double blocked = 0;
@@ -184,27 +246,34 @@ int main(int argc, char** argv) {
         if (mode != 0 && i % o.every == o.every / 2) {
           const auto tb = Clock::now();
           if (mode == 1) h5ddp::save_checkpoint(*comm, s.ts, o.dir, so);
-          else async.start(s.ts, o.dir, so);
+          else if (mode == 2) async.start(s.ts, o.dir, so);
+          else plain.start(s, comm->rank(), comm->size(), o.fsync);
           blocked += since(tb);
         }
       }
       const double train_s = since(t0);  // what training saw; the last async save may still be writing
       if (mode == 2) async.wait();
+      if (mode == 3) plain.wait();
       double r[2] = {train_s, blocked};
       comm->allreduce(r, 2, h5ddp::DType::kF64, h5ddp::ReduceOp::kMax);
       return std::pair<double, double>(r[0], r[1]);
     };
     run(0, std::min(o.steps, 200));  // warm-up (page cache, first-touch)
-    std::vector<double> wall[3], blocked[3];
+    if (o.floor) {
+      plain.start(s, comm->rank(), comm->size(), o.fsync);  // warm-up: allocates and first-touches its buffer
+      plain.wait();
+    }
+    const int modes = o.floor ? 4 : 3;
+    std::vector<double> wall[4], blocked[4];
     for (int r = 0; r < o.rounds; ++r)
-      for (int k = 0; k < 3; ++k) {
-        const int mode = (k + r) % 3;
+      for (int k = 0; k < modes; ++k) {
+        const int mode = (k + r) % modes;
         const auto x = run(mode, o.steps);
         wall[mode].push_back(x.first);
         blocked[mode].push_back(x.second);
       }
     auto med = [&](int mode) { return std::pair<double, double>(median(wall[mode]), median(blocked[mode])); };
-    const auto none = med(0), sync = med(1), asy = med(2);
+    const auto none = med(0), sync = med(1), asy = med(2), floor = med(3);
     if (root) {
       const double step_s = none.first / o.steps;
       std::printf("\n### Throughput: %d steps of %.1f ms, checkpoint every %d steps (every %.1f s without checkpoints), "
@@ -217,6 +286,7 @@ int main(int argc, char** argv) {
       row("none", none);
       row("sync", sync);
       row("async", asy);
+      if (o.floor) row("plain background write (floor)", floor);
       std::fflush(stdout);
     }
     comm->barrier();
