@@ -5,12 +5,21 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <new>
 
 #include "checkpoint_internal.hpp"
 
 namespace h5ddp::ckpt {
 
 uint64_t hash_bytes(const void* data, size_t n) { return XXH3_64bits(data, n); }
+
+StreamHash::StreamHash() : state_(XXH3_createState()) {
+  if (!state_) throw std::bad_alloc();
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+StreamHash::~StreamHash() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+void StreamHash::update(const void* data, size_t n) { XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, n); }
+uint64_t StreamHash::digest() const { return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_)); }
 
 uint64_t sample_hash(const void* data, size_t n) {
   constexpr size_t kBlock = 4096, kBlocks = 16;

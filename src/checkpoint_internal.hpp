@@ -62,6 +62,19 @@ struct SavePlan {
 SavePlan make_save_plan(Comm& comm, const TrainState& state);
 
 uint64_t hash_bytes(const void* data, size_t n);
+// XXH3 of bytes fed in pieces: digest() equals hash_bytes() of their concatenation.
+class StreamHash {
+ public:
+  StreamHash();
+  ~StreamHash();
+  StreamHash(const StreamHash&) = delete;
+  StreamHash& operator=(const StreamHash&) = delete;
+  void update(const void* data, size_t n);
+  uint64_t digest() const;
+
+ private:
+  void* state_;  // XXH3_state_t (xxhash.h stays out of this header)
+};
 // XXH3 of a sample of the bytes, seeded with n: all of them up to 64 KiB, else 16 blocks of 4 KiB spread
 // evenly from the first byte to the last. The cheap replica check of save_checkpoint compares these.
 uint64_t sample_hash(const void* data, size_t n);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "checkpoint_internal.hpp"
 #include "h5ddp/error.hpp"
@@ -108,26 +109,51 @@ void exchange_shares(Comm& comm, const std::vector<DatasetPlan>& plan, const std
   }
 }
 
+// Reads all of `d` into d.dst in pieces of about kInlineHashBytes (fewer with H5DDP_MAX_TRANSFER_BYTES, which
+// tests lower) and returns the XXH3 of its bytes, each piece hashed right after it is read, while it is still
+// in the CPU cache: one pass over memory instead of two.
+constexpr size_t kInlineHashBytes = 4u << 20;
+uint64_t read_and_hash(hid_t ds, const DatasetPlan& d, hid_t dxpl) {
+  const size_t rb = d.row_bytes(), rows = d.rows();
+  const size_t piece = std::min<uint64_t>(kInlineHashBytes, ckpt::max_transfer_bytes());
+  const size_t per = std::max<size_t>(1, rb ? piece / rb : 1);
+  ckpt::StreamHash hash;
+  for (size_t r = 0; r < rows; r += per) {
+    const size_t end = std::min(rows, r + per);
+    char* p = static_cast<char*>(d.dst) + r * rb;
+    ckpt::read_rows(ds, d, r, end, p, dxpl);
+    hash.update(p, (end - r) * rb);
+  }
+  return hash.digest();
+}
+
 // Reads the tensors with the chosen strategy; on return (without exception) every rank holds every byte.
-// `on_read(i)` runs once for every plan entry as soon as this rank holds its bytes (to start verifying it).
-template <class OnRead>
+// Every-rank-reads hashes the datasets for which `hash_inline(i)` holds while it reads them (read_and_hash)
+// and stores their hash in (*inline_hashes)[i]; for every other plan entry `on_read(i)` runs once, as soon
+// as this rank holds its bytes (to start verifying it in the background).
+template <class HashInline, class OnRead>
 void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, LoadStrategy strategy,
-                  const std::string& path, OnRead&& on_read) {
+                  const std::string& path, HashInline&& hash_inline, std::vector<std::optional<uint64_t>>* inline_hashes,
+                  OnRead&& on_read) {
   const int rank = comm.rank(), world = comm.size();
   std::string error;
   h5::Handle coll = h5::transfer(true), indep = h5::transfer(false);
   if (strategy == LoadStrategy::kEveryRankReads) {
     for (size_t i = 0; i < plan.size() && error.empty(); ++i) {
       const auto& d = plan[i];
+      const bool here = d.nbytes() > 0 && hash_inline(i);
       if (d.nbytes() > 0)
         error = ckpt::capture_error([&] {
           with_context("reading " + d.path + " from " + path, [&] {
             h5::SilenceErrors quiet;
             h5::Handle ds = open_dataset(f, d.path);
-            ckpt::read_rows(ds, d, 0, d.rows(), d.dst, indep);
+            if (here)
+              (*inline_hashes)[i] = read_and_hash(ds, d, indep);
+            else
+              ckpt::read_rows(ds, d, 0, d.rows(), d.dst, indep);
           });
         });
-      if (error.empty()) on_read(i);
+      if (error.empty() && !here) on_read(i);
     }
     ckpt::throw_if_any(comm, error);
     return;
@@ -248,18 +274,24 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
 
   std::vector<DatasetPlan> plan = load_plan(state.model, m.model, false);
   for (auto& d : load_plan(state.optimizer.state, m.optimizer_state, true)) plan.push_back(std::move(d));
-  // Each dataset's checksum is verified by one rank (shares balanced by bytes), on a background thread that
-  // starts on a dataset as soon as its bytes are in, so verification overlaps the reads.
+  // Each dataset's checksum is verified by one rank (shares balanced by bytes). When that rank reads the whole
+  // dataset itself (every-rank-reads) it hashes each piece as it reads it; otherwise (share + exchange) a
+  // background thread starts on the dataset as soon as its bytes are in, so verification overlaps the reads.
   const auto owner = ckpt::assign_whole_datasets(plan, world);
   const bool verify = options.verify_checksums;
   ckpt::BackgroundHasher hasher(plan.size());
-  read_tensors(comm, f, plan, options.strategy, path, [&](size_t i) {
-    if (verify && owner[i] == rank) hasher.submit(i, plan[i].dst, plan[i].nbytes());
-  });
+  std::vector<std::optional<uint64_t>> inline_hashes(plan.size());
+  read_tensors(
+      comm, f, plan, options.strategy, path, [&](size_t i) { return verify && owner[i] == rank; }, &inline_hashes,
+      [&](size_t i) {
+        if (verify && owner[i] == rank) hasher.submit(i, plan[i].dst, plan[i].nbytes());
+      });
   timer.mark("read");
 
   std::string problems;
-  const std::vector<uint64_t> hashed = hasher.finish();
+  std::vector<uint64_t> hashed = hasher.finish();
+  for (size_t i = 0; i < plan.size(); ++i)
+    if (inline_hashes[i]) hashed[i] = *inline_hashes[i];
   for (size_t i = 0; i < plan.size(); ++i)
     if (verify && owner[i] == rank && hashed[i] != plan[i].checksum)
       problems += "\n  checksum mismatch in dataset " + plan[i].path;

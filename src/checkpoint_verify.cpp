@@ -1,6 +1,5 @@
 // Full verification of a checkpoint file: structure against docs/FORMAT.md and every checksum, streamed
 // through a bounded buffer. Serial (h5ddp-ckpt verify) and collective (find_resume_checkpoint) flavours.
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -61,14 +60,13 @@ std::string verify_dataset(hid_t f, const DatasetPlan& d, const std::string& fil
       const size_t rb = d.row_bytes(), rows = d.rows();
       const size_t rows_per_chunk = std::max<size_t>(1, rb ? kVerifyBufferBytes / rb : 1);
       std::vector<char> buf(std::min(rows, rows_per_chunk) * rb);
-      std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> st(XXH3_createState(), XXH3_freeState);
-      XXH3_64bits_reset(st.get());
+      StreamHash st;
       for (size_t r = 0; r < rows && rb > 0; r += rows_per_chunk) {
         const size_t end = std::min(rows, r + rows_per_chunk);
         read_rows(ds, d, r, end, buf.data(), H5P_DEFAULT);
-        XXH3_64bits_update(st.get(), buf.data(), (end - r) * rb);
+        st.update(buf.data(), (end - r) * rb);
       }
-      const uint64_t computed = XXH3_64bits_digest(st.get());
+      const uint64_t computed = st.digest();
       if (computed != d.checksum)
         throw CheckpointError(file + ": checksum mismatch in dataset " + d.path + " (stored " + hex(d.checksum) +
                               ", computed " + hex(computed) + ")");

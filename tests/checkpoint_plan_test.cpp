@@ -107,6 +107,22 @@ TEST(BackgroundHasher, MatchesHashBytesForEverySubmittedSlot) {
   EXPECT_EQ(got.back(), 0u);  // never submitted
 }
 
+TEST(StreamHash, EqualsHashBytesOfTheConcatenationWhateverThePieces) {
+  std::vector<uint8_t> a((1 << 20) + 37);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i * 131 + 7);
+  const uint64_t whole = ckpt::hash_bytes(a.data(), a.size());
+  for (size_t piece : {size_t{1} << 20, size_t{4096}, size_t{1000}, size_t{7}}) {
+    ckpt::StreamHash h;
+    for (size_t off = 0; off < a.size(); off += piece) h.update(a.data() + off, std::min(piece, a.size() - off));
+    EXPECT_EQ(h.digest(), whole) << "pieces of " << piece;
+  }
+  ckpt::StreamHash missing_last;
+  missing_last.update(a.data(), a.size() - 1);
+  EXPECT_NE(missing_last.digest(), whole);
+  ckpt::StreamHash empty;
+  EXPECT_EQ(empty.digest(), ckpt::hash_bytes(nullptr, 0));
+}
+
 TEST(Format, NamesAndSteps) {
   EXPECT_EQ(format::model_dataset("features.0.weight"), "/model/features.0.weight");
   EXPECT_THROW(format::model_dataset("module.fc.weight"), CheckpointError);

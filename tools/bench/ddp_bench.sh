@@ -5,7 +5,8 @@
 #
 #   tools/bench/ddp_bench.sh [build-dir]        env: REPS=3 RANKS="1 2 4" MODELS="cnn mlp" MODES="progress thread nonblocking"
 #                                                    WAITS="auto" (or "spin sleep": H5DDP_MPI_WAIT for each h5ddp run)
-#                                                    BIND=none (mpirun --bind-to for both frameworks: none, core, ...)
+#                                                    BIND=auto (mpirun --bind-to for both frameworks: auto = core,
+#                                                    with overload-allowed when ranks > cores; or none, socket, ...)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-${H5DDP_BINARY_DIR:-$here/../../build}}
@@ -23,12 +24,17 @@ MLP_ARGS=${MLP_ARGS:-"--model mlp --hidden 4096 --layers 4 --batch 16 --steps 5 
 
 cores=$(nproc --all)  # before OMP_NUM_THREADS=1, which nproc obeys
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-mpirun=(mpirun --oversubscribe --bind-to "${BIND:-none}")
+BIND=${BIND:-auto}
 port=29600
-echo "# $(date -u +%FT%TZ) $cores cores, load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$LOG"
+echo "# $(date -u +%FT%TZ) $cores cores, bind $BIND, load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$LOG"
 for model in $MODELS; do
   args=$CNN_ARGS; [[ $model == mlp ]] && args=$MLP_ARGS
   for np in $RANKS; do
+    bind=$BIND
+    if [[ $bind == auto ]]; then
+      if (( np > cores )); then bind=core:overload-allowed; else bind=core; fi
+    fi
+    mpirun=(mpirun --oversubscribe --bind-to "$bind")
     for rep in $(seq "$REPS"); do
       for mode in $MODES; do
         for wait in $WAITS; do
