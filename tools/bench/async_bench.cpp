@@ -283,6 +283,14 @@ int main(int argc, char** argv) {
         std::printf("| %s | %.2f | %.2f | %.1f%% | %.2f |\n", name, x.first, o.steps / x.first,
                     100.0 * none.first / x.first, x.second);
       };
+      const char* names[] = {"none", "sync", "async", "floor"};
+      std::printf("per round (s):");
+      for (int m = 0; m < modes; ++m) {
+        std::printf(" %s", names[m]);
+        for (double w : wall[m]) std::printf(" %.2f", w);
+        std::printf(";");
+      }
+      std::printf("\n\n");
       row("none", none);
       row("sync", sync);
       row("async", asy);
