@@ -52,6 +52,11 @@ void BackgroundHasher::submit(size_t slot, const void* data, size_t n) {
   cv_.notify_all();
 }
 
+void BackgroundHasher::record(size_t slot, uint64_t hash) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  results_[slot] = hash;
+}
+
 std::vector<uint64_t> BackgroundHasher::finish() {
   std::unique_lock<std::mutex> lock(mutex_);
   cv_.wait(lock, [&] { return pending_ == 0; });

@@ -89,7 +89,10 @@ class BackgroundHasher {
   BackgroundHasher(const BackgroundHasher&) = delete;
   BackgroundHasher& operator=(const BackgroundHasher&) = delete;
   void submit(size_t slot, const void* data, size_t n);
-  // Waits for everything submitted so far; result[slot] is the hash of the range submitted for slot (0 if none).
+  // Stores a hash the caller computed itself (load hashes while it reads), so finish() returns all of them.
+  void record(size_t slot, uint64_t hash);
+  // Waits for everything submitted so far; result[slot] is the hash of the range submitted (or recorded) for
+  // slot (0 if none).
   std::vector<uint64_t> finish();
 
  private:

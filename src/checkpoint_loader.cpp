@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstring>
 #include <map>
-#include <optional>
 
 #include "checkpoint_internal.hpp"
 #include "h5ddp/error.hpp"
@@ -127,33 +126,30 @@ uint64_t read_and_hash(hid_t ds, const DatasetPlan& d, hid_t dxpl) {
   return hash.digest();
 }
 
-// Reads the tensors with the chosen strategy; on return (without exception) every rank holds every byte.
-// Every-rank-reads hashes the datasets for which `hash_inline(i)` holds while it reads them (read_and_hash)
-// and stores their hash in (*inline_hashes)[i]; for every other plan entry `on_read(i)` runs once, as soon
-// as this rank holds its bytes (to start verifying it in the background).
-template <class HashInline, class OnRead>
+// Reads the tensors with the chosen strategy; on return (without exception) every rank holds every byte, and
+// `hasher` holds the hash of every dataset with verify_here[i]: every-rank-reads hashes them while reading them
+// (read_and_hash, recorded), share + exchange submits each to the background thread once its bytes are in.
 void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, LoadStrategy strategy,
-                  const std::string& path, HashInline&& hash_inline, std::vector<std::optional<uint64_t>>* inline_hashes,
-                  OnRead&& on_read) {
+                  const std::string& path, const std::vector<char>& verify_here, ckpt::BackgroundHasher& hasher) {
   const int rank = comm.rank(), world = comm.size();
   std::string error;
   h5::Handle coll = h5::transfer(true), indep = h5::transfer(false);
   if (strategy == LoadStrategy::kEveryRankReads) {
     for (size_t i = 0; i < plan.size() && error.empty(); ++i) {
       const auto& d = plan[i];
-      const bool here = d.nbytes() > 0 && hash_inline(i);
       if (d.nbytes() > 0)
         error = ckpt::capture_error([&] {
           with_context("reading " + d.path + " from " + path, [&] {
             h5::SilenceErrors quiet;
             h5::Handle ds = open_dataset(f, d.path);
-            if (here)
-              (*inline_hashes)[i] = read_and_hash(ds, d, indep);
+            if (verify_here[i])
+              hasher.record(i, read_and_hash(ds, d, indep));
             else
               ckpt::read_rows(ds, d, 0, d.rows(), d.dst, indep);
           });
         });
-      if (error.empty() && !here) on_read(i);
+      else if (verify_here[i])
+        hasher.record(i, ckpt::hash_bytes(nullptr, 0));
     }
     ckpt::throw_if_any(comm, error);
     return;
@@ -201,7 +197,8 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
     exchange_shares(comm, plan, segments);
     log::debug("load: exchange done at " + since());
   }
-  for (size_t i = 0; i < plan.size(); ++i) on_read(i);
+  for (size_t i = 0; i < plan.size(); ++i)
+    if (verify_here[i]) hasher.submit(i, plan[i].dst, plan[i].nbytes());
 }
 
 // Reads a small dataset whole (every rank), verifying its checksum.
@@ -280,20 +277,15 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
   const auto owner = ckpt::assign_whole_datasets(plan, world);
   const bool verify = options.verify_checksums;
   ckpt::BackgroundHasher hasher(plan.size());
-  std::vector<std::optional<uint64_t>> inline_hashes(plan.size());
-  read_tensors(
-      comm, f, plan, options.strategy, path, [&](size_t i) { return verify && owner[i] == rank; }, &inline_hashes,
-      [&](size_t i) {
-        if (verify && owner[i] == rank) hasher.submit(i, plan[i].dst, plan[i].nbytes());
-      });
+  std::vector<char> verify_here(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) verify_here[i] = verify && owner[i] == rank;
+  read_tensors(comm, f, plan, options.strategy, path, verify_here, hasher);
   timer.mark("read");
 
   std::string problems;
-  std::vector<uint64_t> hashed = hasher.finish();
+  const std::vector<uint64_t> hashed = hasher.finish();
   for (size_t i = 0; i < plan.size(); ++i)
-    if (inline_hashes[i]) hashed[i] = *inline_hashes[i];
-  for (size_t i = 0; i < plan.size(); ++i)
-    if (verify && owner[i] == rank && hashed[i] != plan[i].checksum)
+    if (verify_here[i] && hashed[i] != plan[i].checksum)
       problems += "\n  checksum mismatch in dataset " + plan[i].path;
   if (!problems.empty()) problems = path + ": corrupt data (the file's bytes do not match their xxh3):" + problems;
   ckpt::throw_if_any(comm, problems);

@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -119,8 +118,7 @@ class PlainBackgroundWriter {
   explicit PlainBackgroundWriter(std::string dir) : dir_(std::move(dir)) {}
   ~PlainBackgroundWriter() { wait(); }
   // Each rank writes its 1/size share of the bytes to its own file (h5ddp's ranks share one file).
-  double start(const State& s, int rank, int size, bool fsync) {
-    const auto t0 = Clock::now();
+  void start(const State& s, int rank, int size, bool fsync) {
     wait();
     size_t total = 0;
     for (const auto& v : s.storage) total += v.size() * sizeof(float);
@@ -149,7 +147,6 @@ class PlainBackgroundWriter {
       ::close(fd);
       ::unlink(old.c_str());
     });
-    return since(t0);
   }
   void wait() {
     if (thread_.joinable()) thread_.join();
