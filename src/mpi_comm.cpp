@@ -22,6 +22,33 @@ namespace {
 // MPI counts are int: large buffers go in chunks of at most this many elements.
 constexpr size_t kMaxChunk = static_cast<size_t>(INT_MAX) / 2;
 
+// Bytes per MPI allreduce call. Open MPI's allreduce algorithms malloc a temporary buffer of the message's
+// size on every call; above glibc's largest mmap threshold (32 MiB) that is a fresh mmap whose pages fault
+// in every time. 214 MB of float32 at 2 ranks (docs/BENCHMARKS.md): 0.6-1.2 s in 64 MiB calls, 0.07-0.10 s
+// in 4 MiB calls; at 4 ranks 1.4-1.5 s against 0.22-0.30 s. H5DDP_MPI_REDUCE_CHUNK_BYTES overrides it
+// (tests use a few bytes to cross chunk boundaries); rank 0's value is used everywhere (MpiComm::dup), since
+// ranks that chunk differently would call different collectives.
+size_t reduce_chunk_bytes_from_env() {
+  const char* e = std::getenv("H5DDP_MPI_REDUCE_CHUNK_BYTES");
+  const long long v = e ? std::atoll(e) : 0;
+  return v > 0 ? static_cast<size_t>(v) : size_t{4} << 20;
+}
+size_t elements_per_call(size_t chunk_bytes, size_t element_size) {
+  return std::clamp<size_t>(chunk_bytes / element_size, 1, kMaxChunk);
+}
+
+// Calls f(offset, n) for consecutive chunks of at most `per` of `count` elements (once, with n = 0, when
+// count is 0: every rank still takes part in the collective).
+template <class F>
+void for_each_chunk(size_t count, size_t per, F&& f) {
+  size_t off = 0;
+  do {
+    const size_t n = std::min(per, count - off);
+    f(off, static_cast<int>(n));
+    off += n;
+  } while (off < count);
+}
+
 std::chrono::microseconds poll_interval() {
   const char* e = std::getenv("H5DDP_MPI_POLL_US");
   return std::chrono::microseconds(e ? std::max(0, std::atoi(e)) : 50);
@@ -129,27 +156,24 @@ class ThreadWork final : public Work {
   std::shared_ptr<ThreadOp> op_;
 };
 
-void allreduce_chunked(MPI_Comm comm, void* buf, size_t count, DType dtype, ReduceOp op) {
+void allreduce_chunked(MPI_Comm comm, void* buf, size_t count, DType dtype, ReduceOp op, size_t chunk_bytes) {
   auto* p = static_cast<char*>(buf);
   const size_t es = dtype_size(dtype);
-  for (size_t off = 0; off < count || (count == 0 && off == 0); off += kMaxChunk) {
-    const int n = static_cast<int>(std::min(kMaxChunk, count - off));
+  for_each_chunk(count, elements_per_call(chunk_bytes, es), [&](size_t off, int n) {
     H5DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, p + off * es, n, mpi_datatype(dtype), mpi_op(op), comm));
-    if (count == 0) break;
-  }
+  });
 }
 
-std::vector<MPI_Request> iallreduce_chunked(MPI_Comm comm, void* buf, size_t count, DType dtype, ReduceOp op) {
+std::vector<MPI_Request> iallreduce_chunked(MPI_Comm comm, void* buf, size_t count, DType dtype, ReduceOp op,
+                                            size_t chunk_bytes) {
   auto* p = static_cast<char*>(buf);
   const size_t es = dtype_size(dtype);
   std::vector<MPI_Request> reqs;
-  for (size_t off = 0; off < count || (count == 0 && off == 0); off += kMaxChunk) {
-    const int n = static_cast<int>(std::min(kMaxChunk, count - off));
+  for_each_chunk(count, elements_per_call(chunk_bytes, es), [&](size_t off, int n) {
     MPI_Request r;
     H5DDP_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, p + off * es, n, mpi_datatype(dtype), mpi_op(op), comm, &r));
     reqs.push_back(r);
-    if (count == 0) break;
-  }
+  });
   return reqs;
 }
 
@@ -161,8 +185,12 @@ std::vector<MPI_Request> iallreduce_chunked(MPI_Comm comm, void* buf, size_t cou
 // CPU next to backward) and, unless the node is oversubscribed, not sleeping while a caller waits.
 class MpiComm::Worker {
  public:
-  Worker(MPI_Comm comm, bool sleep_while_waiting)
-      : comm_(comm), interval_(poll_interval()), sleep_while_waiting_(sleep_while_waiting), thread_([this] { loop(); }) {}
+  Worker(MPI_Comm comm, bool sleep_while_waiting, size_t chunk_bytes)
+      : comm_(comm),
+        interval_(poll_interval()),
+        sleep_while_waiting_(sleep_while_waiting),
+        chunk_bytes_(chunk_bytes),
+        thread_([this] { loop(); }) {}
   ~Worker() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -198,7 +226,7 @@ class MpiComm::Worker {
         }
         std::exception_ptr error;
         try {
-          allreduce_chunked(comm_, op->buf, op->count, op->dtype, op->op);
+          allreduce_chunked(comm_, op->buf, op->count, op->dtype, op->op, chunk_bytes_);
         } catch (...) {
           error = std::current_exception();
         }
@@ -238,6 +266,7 @@ class MpiComm::Worker {
   MPI_Comm comm_;
   std::chrono::microseconds interval_;
   bool sleep_while_waiting_;
+  size_t chunk_bytes_;
   std::atomic<int> waiters_{0};
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -314,6 +343,9 @@ std::unique_ptr<MpiComm> MpiComm::dup(MPI_Comm parent) {
   MPI_Comm_free(&node);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   c->sleep_while_waiting_ = static_cast<unsigned>(local) > cores;
+  uint64_t chunk = reduce_chunk_bytes_from_env();
+  H5DDP_CHECK_MPI(MPI_Bcast(&chunk, 1, MPI_UINT64_T, 0, c->comm_));
+  c->reduce_chunk_bytes_ = static_cast<size_t>(chunk);
   c->poll_interval_ = std::max(std::chrono::microseconds(1), poll_interval());
   if (const char* e = std::getenv("H5DDP_MPI_WAIT")) {
     if (std::strcmp(e, "sleep") == 0) c->sleep_while_waiting_ = true;
@@ -335,39 +367,31 @@ MpiComm::~MpiComm() {
 void MpiComm::broadcast(void* buf, size_t count, DType dtype, int root) {
   auto* p = static_cast<char*>(buf);
   const size_t es = dtype_size(dtype);
-  for (size_t off = 0; off < count || (count == 0 && off == 0); off += kMaxChunk) {
-    const int n = static_cast<int>(std::min(kMaxChunk, count - off));
+  for_each_chunk(count, kMaxChunk, [&](size_t off, int n) {
     H5DDP_CHECK_MPI(MPI_Bcast(p + off * es, n, mpi_datatype(dtype), root, comm_));
-    if (count == 0) break;
-  }
+  });
 }
 
 void MpiComm::allreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
   H5DDP_CHECK(dtype != DType::kF16 && dtype != DType::kBF16, "MPI allreduce of 16-bit floats is not supported");
-  auto* p = static_cast<char*>(buf);
-  const size_t es = dtype_size(dtype);
-  for (size_t off = 0; off < count || (count == 0 && off == 0); off += kMaxChunk) {
-    const int n = static_cast<int>(std::min(kMaxChunk, count - off));
-    H5DDP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, p + off * es, n, mpi_datatype(dtype), mpi_op(op), comm_));
-    if (count == 0) break;
-  }
+  allreduce_chunked(comm_, buf, count, dtype, op, reduce_chunk_bytes_);
 }
 
 std::unique_ptr<Work> MpiComm::allreduce_async(void* buf, size_t count, DType dtype, ReduceOp op) {
   H5DDP_CHECK(dtype != DType::kF16 && dtype != DType::kBF16, "MPI allreduce of 16-bit floats is not supported");
   if (async_mode_ != AsyncMode::kNonBlocking) {
-    if (!worker_) worker_ = std::make_unique<Worker>(async_comm_, sleep_while_waiting_);
+    if (!worker_) worker_ = std::make_unique<Worker>(async_comm_, sleep_while_waiting_, reduce_chunk_bytes_);
     auto state = std::make_shared<ThreadOp>();
     state->buf = buf;
     state->count = count;
     state->dtype = dtype;
     state->op = op;
     // kProgress: started here, on the caller's thread, so the start order is the call order.
-    if (async_mode_ == AsyncMode::kProgress) state->reqs = iallreduce_chunked(async_comm_, buf, count, dtype, op);
+    if (async_mode_ == AsyncMode::kProgress) state->reqs = iallreduce_chunked(async_comm_, buf, count, dtype, op, reduce_chunk_bytes_);
     worker_->submit(state);
     return std::make_unique<ThreadWork>(std::move(state));
   }
-  return std::make_unique<MpiWork>(iallreduce_chunked(async_comm_, buf, count, dtype, op),
+  return std::make_unique<MpiWork>(iallreduce_chunked(async_comm_, buf, count, dtype, op, reduce_chunk_bytes_),
                                    sleep_while_waiting_ ? poll_interval_ : std::chrono::microseconds(0));
 }
 

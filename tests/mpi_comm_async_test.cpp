@@ -2,6 +2,7 @@
 // surfacing in wait(), and Works dropped without wait() still completing.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <numeric>
 #include <vector>
 
@@ -30,6 +31,32 @@ TEST_P(AsyncModes, ManyInFlightAllreducesComplete) {
     EXPECT_EQ(bufs[k].front(), expect) << k;
     EXPECT_EQ(bufs[k].back(), expect) << k;
   }
+}
+
+// Buffers larger than H5DDP_MPI_REDUCE_CHUNK_BYTES go in several MPI calls; every rank must use rank 0's
+// setting (here the others ask for a different one), or the ranks would call different collectives.
+TEST_P(AsyncModes, ChunkedAllreducesUseRankZerosChunkSize) {
+  int r0 = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r0);
+  setenv("H5DDP_MPI_REDUCE_CHUNK_BYTES", r0 == 0 ? "12" : "4096", 1);
+  auto comm = MpiComm::dup(MPI_COMM_WORLD);
+  unsetenv("H5DDP_MPI_REDUCE_CHUNK_BYTES");
+  comm->set_async_mode(GetParam());
+  const int n = comm->size(), r = comm->rank();
+  std::vector<float> a(1001), b(1001);  // 334 calls of 3 floats (rank 0's 12 bytes), the last one of 2
+  std::vector<int64_t> c(7);            // 12 bytes = 1 int64 per call
+  for (size_t i = 0; i < a.size(); ++i) a[i] = b[i] = static_cast<float>(i % 97 + r);
+  for (size_t i = 0; i < c.size(); ++i) c[i] = static_cast<int64_t>(i) * (r + 1);
+  auto w = comm->allreduce_async(a.data(), a.size(), DType::kF32, ReduceOp::kSum);
+  comm->allreduce(c.data(), c.size(), DType::kI64, ReduceOp::kMax);
+  w->wait();
+  comm->allreduce(b.data(), b.size(), DType::kF32, ReduceOp::kSum);
+  for (size_t i = 0; i < a.size(); ++i) {
+    const float expect = static_cast<float>(n * static_cast<int>(i % 97) + n * (n - 1) / 2);
+    ASSERT_EQ(a[i], expect) << i;
+    ASSERT_EQ(b[i], expect) << i;
+  }
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(c[i], static_cast<int64_t>(i) * n) << i;
 }
 
 TEST_P(AsyncModes, DroppedWorkStillCompletes) {

@@ -68,6 +68,7 @@ class MpiComm final : public Comm {
   AsyncMode async_mode_ = AsyncMode::kNonBlocking;
   bool sleep_while_waiting_ = false;
   std::chrono::microseconds poll_interval_{50};  // H5DDP_MPI_POLL_US, read once
+  size_t reduce_chunk_bytes_ = size_t{4} << 20;  // bytes per MPI allreduce call: rank 0's, agreed in dup()
   std::unique_ptr<Worker> worker_;  // started on the first kThread/kProgress operation
 };
 

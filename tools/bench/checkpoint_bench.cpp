@@ -136,8 +136,8 @@ class Bench {
       save_checkpoint(comm_, state_, o_.dir, so);
     });
     if (o_.load) {
-      for (auto [name, strategy] : {std::pair{"h5ddp_share_exchange", LoadStrategy::kShareExchange},
-                                    std::pair{"h5ddp_every_rank_reads", LoadStrategy::kEveryRankReads}}) {
+      for (auto [name, strategy] : {std::pair{"h5ddp_every_rank_reads", LoadStrategy::kEveryRankReads},
+                                    std::pair{"h5ddp_share_exchange", LoadStrategy::kShareExchange}}) {
         cold(h5);
         LoadOptions lo;
         lo.strategy = strategy;
@@ -151,7 +151,10 @@ class Bench {
   }
   void save_load_raw(const std::string& raw) {
     measure("save", "raw_mpiio", [&] { raw_io(raw, true); });
-    if (o_.load) {
+    // Loaded twice, as h5ddp's file is (once per strategy): on this VM the second read of a file after it
+    // was written and evicted is slower than the first (0.24 s against 0.21 s for 1 GiB at 1 rank), so
+    // each h5ddp load has a raw load in the same position to compare with.
+    for (int i = 0; o_.load && i < 2; ++i) {
       cold(raw);
       measure("load", "raw_mpiio", [&] { raw_io(raw, false); });
       check("raw_mpiio");
