@@ -277,7 +277,7 @@ class MpiComm::Worker {
 
 MpiComm::MpiComm() = default;
 
-MpiComm::AsyncMode MpiComm::default_async_mode() {
+MpiComm::AsyncMode MpiComm::default_async_mode(int ranks_on_node, unsigned cores) {
   if (const char* e = std::getenv("H5DDP_MPI_ASYNC")) {
     if (std::strcmp(e, "thread") == 0) return AsyncMode::kThread;
     if (std::strcmp(e, "nonblocking") == 0) return AsyncMode::kNonBlocking;
@@ -286,7 +286,9 @@ MpiComm::AsyncMode MpiComm::default_async_mode() {
   }
   int provided = MPI_THREAD_SINGLE;
   MPI_Query_thread(&provided);
-  return provided >= MPI_THREAD_MULTIPLE ? AsyncMode::kProgress : AsyncMode::kNonBlocking;
+  if (provided < MPI_THREAD_MULTIPLE) return AsyncMode::kNonBlocking;
+  const auto ranks = static_cast<unsigned>(std::max(1, ranks_on_node));
+  return ranks <= cores && cores < 2 * ranks ? AsyncMode::kProgress : AsyncMode::kThread;
 }
 
 void MpiComm::set_async_mode(AsyncMode mode) {
@@ -333,19 +335,20 @@ std::unique_ptr<MpiComm> MpiComm::dup(MPI_Comm parent) {
   H5DDP_CHECK_MPI(MPI_Comm_set_errhandler(c->async_comm_, MPI_ERRORS_RETURN));
   H5DDP_CHECK_MPI(MPI_Comm_rank(c->comm_, &c->rank_));
   H5DDP_CHECK_MPI(MPI_Comm_size(c->comm_, &c->size_));
-  c->set_async_mode(default_async_mode());
-  // More ranks on this node than cores: waiting for an asynchronous allreduce sleeps between tests instead
-  // of spinning. H5DDP_MPI_WAIT=spin|sleep overrides. Local: it changes how a rank waits, not what it calls.
   MPI_Comm node;
   H5DDP_CHECK_MPI(MPI_Comm_split_type(c->comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
   int local = 1;
   MPI_Comm_size(node, &local);
   MPI_Comm_free(&node);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  // What the ranks call must match: rank 0's async mode and chunk size everywhere.
+  uint64_t agreed[2] = {static_cast<uint64_t>(default_async_mode(local, cores)), reduce_chunk_bytes_from_env()};
+  H5DDP_CHECK_MPI(MPI_Bcast(agreed, 2, MPI_UINT64_T, 0, c->comm_));
+  c->set_async_mode(static_cast<AsyncMode>(agreed[0]));
+  c->reduce_chunk_bytes_ = static_cast<size_t>(agreed[1]);
+  // More ranks on this node than cores: waiting for an asynchronous allreduce sleeps between tests instead
+  // of spinning. H5DDP_MPI_WAIT=spin|sleep overrides. Local: it changes how a rank waits, not what it calls.
   c->sleep_while_waiting_ = static_cast<unsigned>(local) > cores;
-  uint64_t chunk = reduce_chunk_bytes_from_env();
-  H5DDP_CHECK_MPI(MPI_Bcast(&chunk, 1, MPI_UINT64_T, 0, c->comm_));
-  c->reduce_chunk_bytes_ = static_cast<size_t>(chunk);
   c->poll_interval_ = std::max(std::chrono::microseconds(1), poll_interval());
   if (const char* e = std::getenv("H5DDP_MPI_WAIT")) {
     if (std::strcmp(e, "sleep") == 0) c->sleep_while_waiting_ = true;

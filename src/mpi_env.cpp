@@ -18,6 +18,12 @@ MpiEnv::MpiEnv(int* argc, char*** argv) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
+    // Open MPI 4's openib BTL (verbs; UCX replaced it for InfiniBand) is opened by default even where no
+    // device exists, and with it loaded every process computed more slowly: the default CNN's training step
+    // took 94-99 ms against 77-80 ms with `--mca btl ^openib`, the same LibTorch kernels, alternating runs
+    // on one machine (docs/BENCHMARKS.md). Excluded unless the user chose the BTLs (OMPI_MCA_btl, which
+    // `mpirun --mca btl ...` also sets) or sets H5DDP_KEEP_OPENIB=1.
+    if (!std::getenv("OMPI_MCA_btl") && !std::getenv("H5DDP_KEEP_OPENIB")) setenv("OMPI_MCA_btl", "^openib", 0);
     int provided = MPI_THREAD_SINGLE;
     if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
       std::fprintf(stderr, "h5ddp: MPI_Init_thread failed\n");

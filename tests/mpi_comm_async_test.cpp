@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "h5ddp/error.hpp"
@@ -86,9 +87,31 @@ INSTANTIATE_TEST_SUITE_P(Mpi, AsyncModes,
                            }
                          });
 
-TEST(MpiCommAsync, DefaultModeFromEnvironment) {
+TEST(MpiCommAsync, DefaultModeIsRankZerosEverywhere) {
   auto comm = MpiComm::dup(MPI_COMM_WORLD);
-  EXPECT_EQ(comm->async_mode(), MpiComm::default_async_mode());
+  int mode = static_cast<int>(comm->async_mode());
+  int lo = mode, hi = mode;
+  MPI_Allreduce(&mode, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&mode, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(lo, hi);
+}
+
+TEST(MpiCommAsync, DefaultModeByCoresPerRank) {
+  using M = MpiComm::AsyncMode;
+  const char* saved = std::getenv("H5DDP_MPI_ASYNC");
+  const std::string keep = saved ? saved : "";
+  unsetenv("H5DDP_MPI_ASYNC");
+  EXPECT_EQ(MpiComm::default_async_mode(2, 2), M::kProgress);  // one core per rank: no core to spin on
+  EXPECT_EQ(MpiComm::default_async_mode(2, 3), M::kProgress);
+  EXPECT_EQ(MpiComm::default_async_mode(2, 4), M::kThread);    // a spare core per rank
+  EXPECT_EQ(MpiComm::default_async_mode(4, 2), M::kThread);    // oversubscribed
+  EXPECT_EQ(MpiComm::default_async_mode(1, 1), M::kProgress);
+  setenv("H5DDP_MPI_ASYNC", "nonblocking", 1);
+  EXPECT_EQ(MpiComm::default_async_mode(4, 2), M::kNonBlocking);
+  setenv("H5DDP_MPI_ASYNC", "sideways", 1);
+  EXPECT_THROW(MpiComm::default_async_mode(4, 2), ConfigError);
+  if (saved) setenv("H5DDP_MPI_ASYNC", keep.c_str(), 1);
+  else unsetenv("H5DDP_MPI_ASYNC");
 }
 
 }  // namespace

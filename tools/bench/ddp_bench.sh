@@ -3,7 +3,7 @@
 # at 1, 2 and 4 ranks, runs interleaved (h5ddp, pytorch, h5ddp, ...) so both see the same machine load.
 # Prints a table of medians over the repetitions; raw RESULT lines go to $LOG.
 #
-#   tools/bench/ddp_bench.sh [build-dir]        env: REPS=3 RANKS="1 2 4" MODELS="cnn mlp" MODES="progress thread nonblocking"
+#   tools/bench/ddp_bench.sh [build-dir]        env: REPS=3 RANKS="1 2 4" MODELS="cnn mlp" MODES="auto" (MpiComm's default) or e.g. "progress thread nonblocking"
 #                                                    WAITS="auto" (or "spin sleep": H5DDP_MPI_WAIT for each h5ddp run)
 #                                                    BIND=auto (mpirun --bind-to for both frameworks: auto = core,
 #                                                    with overload-allowed when ranks > cores; or none, socket, ...)
@@ -15,7 +15,7 @@ python=${H5DDP_PYTHON:-/usr/bin/python3}
 REPS=${REPS:-3}
 RANKS=${RANKS:-"1 2 4"}
 MODELS=${MODELS:-"cnn mlp"}
-MODES=${MODES:-"progress thread nonblocking"}
+MODES=${MODES:-auto}
 WAITS=${WAITS:-auto}
 LOG=${LOG:-$(mktemp /tmp/h5ddp-ddp-bench-XXXXXX.log)}
 CNN_ARGS=${CNN_ARGS:-"--model cnn --batch 64 --steps 20 --warmup 3"}
@@ -39,7 +39,8 @@ for model in $MODELS; do
       for mode in $MODES; do
         for wait in $WAITS; do
           waitenv=(); [[ $wait == auto ]] || waitenv=(-x H5DDP_MPI_WAIT="$wait")
-          H5DDP_MPI_ASYNC=$mode timeout 900 "${mpirun[@]}" -x H5DDP_MPI_ASYNC "${waitenv[@]}" -np "$np" "$bench" $args \
+          modeenv=(); [[ $mode == auto ]] || modeenv=(-x H5DDP_MPI_ASYNC="$mode")
+          timeout 900 "${mpirun[@]}" "${modeenv[@]}" "${waitenv[@]}" -np "$np" "$bench" $args \
             | grep RESULT | sed "s/^RESULT/RESULT rep=$rep/" | tee -a "$LOG"
         done
       done
