@@ -10,6 +10,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -341,9 +342,19 @@ std::unique_ptr<MpiComm> MpiComm::dup(MPI_Comm parent) {
   MPI_Comm_size(node, &local);
   MPI_Comm_free(&node);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  // What the ranks call must match: rank 0's async mode and chunk size everywhere.
-  uint64_t agreed[2] = {static_cast<uint64_t>(default_async_mode(local, cores)), reduce_chunk_bytes_from_env()};
+  // What the ranks call must match: rank 0's async mode and chunk size everywhere. A bad H5DDP_MPI_ASYNC
+  // is reported after the broadcast, so that no rank leaves the others waiting in it.
+  constexpr uint64_t kBadMode = ~uint64_t{0};
+  uint64_t agreed[2] = {kBadMode, reduce_chunk_bytes_from_env()};
+  std::string bad_mode;
+  try {
+    agreed[0] = static_cast<uint64_t>(default_async_mode(local, cores));
+  } catch (const ConfigError& e) {
+    bad_mode = e.what();
+  }
   H5DDP_CHECK_MPI(MPI_Bcast(agreed, 2, MPI_UINT64_T, 0, c->comm_));
+  if (agreed[0] == kBadMode)
+    throw ConfigError(bad_mode.empty() ? "rank 0's H5DDP_MPI_ASYNC is invalid" : bad_mode);
   c->set_async_mode(static_cast<AsyncMode>(agreed[0]));
   c->reduce_chunk_bytes_ = static_cast<size_t>(agreed[1]);
   // More ranks on this node than cores: waiting for an asynchronous allreduce sleeps between tests instead
