@@ -1,8 +1,11 @@
 #include "h5ddp/h5.hpp"
 
+#include <dlfcn.h>
+
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <string>
 
 #include "h5ddp/error.hpp"
 #include "h5ddp/log.hpp"
@@ -99,7 +102,21 @@ SilenceErrors::SilenceErrors() {
 
 SilenceErrors::~SilenceErrors() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
 
+std::string hdf5_library_conflict() {
+  Dl_info create{}, mpio{};
+  if (!dladdr(reinterpret_cast<void*>(&H5Fcreate), &create) || !dladdr(reinterpret_cast<void*>(&H5Pset_fapl_mpio), &mpio) ||
+      !create.dli_fname || !mpio.dli_fname)
+    return "";  // statically linked, or no symbol information: nothing to compare
+  if (std::strcmp(create.dli_fname, mpio.dli_fname) == 0) return "";
+  return std::string("two HDF5 libraries in this process: H5Fcreate binds to ") + create.dli_fname +
+         " but H5Pset_fapl_mpio to " + mpio.dli_fname +
+         " (Debian's LibTorch links the serial HDF5; link h5ddp, and its parallel HDF5, before LibTorch)";
+}
+
 Handle mpio_file_access(MPI_Comm comm, const MpioOptions& options) {
+  // Every rank runs the same binary, so this fails on all of them or on none.
+  static const std::string conflict = hdf5_library_conflict();
+  H5DDP_CHECK(conflict.empty(), conflict);
   Handle fapl = plist(H5Pcreate(H5P_FILE_ACCESS));
   MPI_Info info;
   MPI_Info_create(&info);
