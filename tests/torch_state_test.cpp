@@ -2,28 +2,14 @@
 // continuation that is bitwise identical to never having stopped (no checkpoint file involved).
 #include <gtest/gtest.h>
 
-#include <dlfcn.h>
-
 #include <cstring>
-#include <string>
 
 #include "h5ddp/error.hpp"
-#include "h5ddp/h5.hpp"
 #include "h5ddp/models.hpp"
 #include "h5ddp/torch_state.hpp"
 
 namespace h5ddp {
 namespace {
-
-// This binary links LibTorch, which links Debian's serial HDF5: both HDF5 libraries are loaded, and every
-// HDF5 call of h5ddp must still reach the parallel one.
-TEST(Hdf5Binding, OneHdf5LibraryServesH5ddpNextToLibTorch) {
-  EXPECT_EQ(h5::hdf5_library_conflict(), "");
-  EXPECT_NO_THROW(h5::mpio_file_access(MPI_COMM_WORLD));
-  Dl_info info{};
-  ASSERT_NE(dladdr(reinterpret_cast<void*>(&H5Fcreate), &info), 0);
-  EXPECT_NE(std::string(info.dli_fname).find("openmpi"), std::string::npos) << info.dli_fname;
-}
 
 std::unique_ptr<torch::optim::Optimizer> make_opt(const std::string& type, Model& m) {
   if (type == "sgd") return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));

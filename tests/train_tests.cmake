@@ -4,7 +4,7 @@ h5ddp_add_test_exe(train_data_test data_test.cpp sampler_test.cpp)
 target_link_libraries(train_data_test PRIVATE h5ddp_train)
 h5ddp_add_mpi_test(NAME train_data EXE train_data_test RANKS 1 LABELS unit TIMEOUT 120)
 
-h5ddp_add_test_exe(train_torch_test models_test.cpp torch_state_test.cpp)
+h5ddp_add_test_exe(train_torch_test models_test.cpp torch_state_test.cpp hdf5_binding_test.cpp)
 target_link_libraries(train_torch_test PRIVATE h5ddp_train)
 target_compile_options(train_torch_test PRIVATE -Wno-unused-parameter -Wno-sign-compare)
 h5ddp_add_mpi_test(NAME train_torch EXE train_torch_test RANKS 1 LABELS unit TIMEOUT 120)

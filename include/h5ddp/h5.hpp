@@ -70,12 +70,12 @@ struct MpioOptions {
   hsize_t alignment = 1 << 20;  // objects >= alignment_threshold start on a multiple of this
   hsize_t alignment_threshold = 1 << 20;
 };
-// File access for MPI-IO on `comm` with collective metadata reads and writes, libver bounds
-// [earliest, v18] and the MPI_Info hints h5ddp uses. Not collective by itself.
 // Empty, or why HDF5 calls in this process do not all reach one library: Debian's LibTorch links the serial
 // HDF5, so a process with LibTorch holds two libraries defining the same symbols, and each call binds to
 // whichever comes first. mpio_file_access refuses to open files with a mixed binding.
 std::string hdf5_library_conflict();
+// File access for MPI-IO on `comm` with collective metadata reads and writes, libver bounds
+// [earliest, v18] and the MPI_Info hints h5ddp uses. Not collective by itself.
 Handle mpio_file_access(MPI_Comm comm, const MpioOptions& options = {});
 // File access for one process (sec2 driver), libver bounds as above.
 Handle serial_file_access();
