@@ -10,6 +10,15 @@
 
 using namespace h5ddp;
 
+// MpiEnv (made by this binary's main before any test) excludes Open MPI's openib BTL unless the launcher
+// chose BTLs (OMPI_MCA_btl) or H5DDP_KEEP_OPENIB is set; ctest sets neither.
+TEST(MpiEnvSetup, OpenibBtlExcludedWhenNobodyChoseBtls) {
+  if (std::getenv("H5DDP_KEEP_OPENIB")) GTEST_SKIP() << "H5DDP_KEEP_OPENIB is set";
+  const char* btl = std::getenv("OMPI_MCA_btl");
+  ASSERT_NE(btl, nullptr);
+  EXPECT_STREQ(btl, "^openib");
+}
+
 TEST(Comm, AllreduceSumMinMax) {
   auto& c = test::world();
   std::vector<float> v(1000, static_cast<float>(c.rank() + 1));

@@ -87,8 +87,17 @@ INSTANTIATE_TEST_SUITE_P(Mpi, AsyncModes,
                            }
                          });
 
+// Ranks asking for different modes (rank 0 "thread", the others "progress") all get rank 0's.
 TEST(MpiCommAsync, DefaultModeIsRankZerosEverywhere) {
+  int r0 = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r0);
+  const char* saved = std::getenv("H5DDP_MPI_ASYNC");
+  const std::string keep = saved ? saved : "";
+  setenv("H5DDP_MPI_ASYNC", r0 == 0 ? "thread" : "progress", 1);
   auto comm = MpiComm::dup(MPI_COMM_WORLD);
+  if (saved) setenv("H5DDP_MPI_ASYNC", keep.c_str(), 1);
+  else unsetenv("H5DDP_MPI_ASYNC");
+  EXPECT_EQ(comm->async_mode(), MpiComm::AsyncMode::kThread);
   int mode = static_cast<int>(comm->async_mode());
   int lo = mode, hi = mode;
   MPI_Allreduce(&mode, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
