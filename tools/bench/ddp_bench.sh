@@ -35,7 +35,7 @@ for model in $MODELS; do
       if (( np > cores )); then bind=core:overload-allowed; else bind=core; fi
     fi
     mpirun=(mpirun --oversubscribe --bind-to "$bind")
-    for rep in $(seq "$REPS"); do
+    run_h5ddp() {
       for mode in $MODES; do
         for wait in $WAITS; do
           waitenv=(); [[ $wait == auto ]] || waitenv=(-x H5DDP_MPI_WAIT="$wait")
@@ -44,9 +44,16 @@ for model in $MODELS; do
             | grep RESULT | sed "s/^RESULT/RESULT rep=$rep/" | tee -a "$LOG"
         done
       done
+    }
+    run_pytorch() {
       port=$((port + 1))
       MASTER_PORT=$port timeout 900 "${mpirun[@]}" -x MASTER_PORT -np "$np" "$python" "$here/ddp_bench.py" $args 2>/dev/null \
         | grep RESULT | sed "s/^RESULT/RESULT rep=$rep/" | tee -a "$LOG"
+    }
+    # Which framework runs first alternates: on this VM a run's speed depends on what ran just before it,
+    # so a fixed order would hand one framework the same position in every repetition.
+    for rep in $(seq "$REPS"); do
+      if (( rep % 2 )); then run_h5ddp; run_pytorch; else run_pytorch; run_h5ddp; fi
     done
   done
 done
