@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side DDP benchmark: h5ddp (C++, MPI) vs PyTorch DDP (Python, gloo), same models and batches,
-# at 1, 2 and 4 ranks, runs interleaved (h5ddp, pytorch, h5ddp, ...) so both see the same machine load.
+# at 1, 2 and 4 ranks, runs interleaved so both see the same machine load; which one runs first alternates by
+# repetition (h5ddp then pytorch, pytorch then h5ddp, ...).
 # Prints a table of medians over the repetitions; raw RESULT lines go to $LOG.
 #
 #   tools/bench/ddp_bench.sh [build-dir]        env: REPS=3 RANKS="1 2 4" MODELS="cnn mlp" MODES="auto" (MpiComm's default) or e.g. "progress thread nonblocking"
@@ -26,6 +27,22 @@ cores=$(nproc --all)  # before OMP_NUM_THREADS=1, which nproc obeys
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 BIND=${BIND:-auto}
 port=29600
+# run_h5ddp / run_pytorch: one run of each framework at $np ranks (mpirun, args, np and rep are set by the
+# loops below); record tags every RESULT line with its repetition and appends it to $LOG.
+record() { grep RESULT | sed "s/^RESULT/RESULT rep=$rep/" | tee -a "$LOG"; }
+run_h5ddp() {
+  for mode in $MODES; do
+    for wait in $WAITS; do
+      waitenv=(); [[ $wait == auto ]] || waitenv=(-x H5DDP_MPI_WAIT="$wait")
+      modeenv=(); [[ $mode == auto ]] || modeenv=(-x H5DDP_MPI_ASYNC="$mode")
+      timeout 900 "${mpirun[@]}" "${modeenv[@]}" "${waitenv[@]}" -np "$np" "$bench" $args | record
+    done
+  done
+}
+run_pytorch() {
+  port=$((port + 1))
+  MASTER_PORT=$port timeout 900 "${mpirun[@]}" -x MASTER_PORT -np "$np" "$python" "$here/ddp_bench.py" $args 2>/dev/null | record
+}
 echo "# $(date -u +%FT%TZ) $cores cores, bind $BIND, load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$LOG"
 for model in $MODELS; do
   args=$CNN_ARGS; [[ $model == mlp ]] && args=$MLP_ARGS
@@ -35,21 +52,6 @@ for model in $MODELS; do
       if (( np > cores )); then bind=core:overload-allowed; else bind=core; fi
     fi
     mpirun=(mpirun --oversubscribe --bind-to "$bind")
-    run_h5ddp() {
-      for mode in $MODES; do
-        for wait in $WAITS; do
-          waitenv=(); [[ $wait == auto ]] || waitenv=(-x H5DDP_MPI_WAIT="$wait")
-          modeenv=(); [[ $mode == auto ]] || modeenv=(-x H5DDP_MPI_ASYNC="$mode")
-          timeout 900 "${mpirun[@]}" "${modeenv[@]}" "${waitenv[@]}" -np "$np" "$bench" $args \
-            | grep RESULT | sed "s/^RESULT/RESULT rep=$rep/" | tee -a "$LOG"
-        done
-      done
-    }
-    run_pytorch() {
-      port=$((port + 1))
-      MASTER_PORT=$port timeout 900 "${mpirun[@]}" -x MASTER_PORT -np "$np" "$python" "$here/ddp_bench.py" $args 2>/dev/null \
-        | grep RESULT | sed "s/^RESULT/RESULT rep=$rep/" | tee -a "$LOG"
-    }
     # Which framework runs first alternates: on this VM a run's speed depends on what ran just before it,
     # so a fixed order would hand one framework the same position in every repetition.
     for rep in $(seq "$REPS"); do
