@@ -61,11 +61,18 @@ struct SavePlan {
 // tensor datasets (`tensor` set) get theirs while they are written (see save_checkpoint).
 SavePlan make_save_plan(Comm& comm, const TrainState& state);
 
+// XXH3 (64 bits) of the bytes, with the fastest kernel this CPU runs (or the one H5DDP_HASH_KERNEL names).
 uint64_t hash_bytes(const void* data, size_t n);
+// The XXH3 kernels this CPU runs ("default": XXH3 as xxhash.h compiles for the target; "avx2" on x86-64 CPUs
+// with AVX2), which one hash_bytes uses, and a named one: all give the same values, tests compare them.
+std::vector<std::string> hash_kernels();
+std::string hash_kernel();
+uint64_t hash_bytes_with(const std::string& kernel, const void* data, size_t n);
 // XXH3 of bytes fed in pieces: digest() equals hash_bytes() of their concatenation.
 class StreamHash {
  public:
   StreamHash();
+  explicit StreamHash(const std::string& kernel);
   ~StreamHash();
   StreamHash(const StreamHash&) = delete;
   StreamHash& operator=(const StreamHash&) = delete;
@@ -74,6 +81,7 @@ class StreamHash {
 
  private:
   void* state_;  // XXH3_state_t (xxhash.h stays out of this header)
+  void (*update_)(void* state, const void* data, size_t n);
 };
 // XXH3 of a sample of the bytes, seeded with n: all of them up to 64 KiB, else 16 blocks of 4 KiB spread
 // evenly from the first byte to the last. The cheap replica check of save_checkpoint compares these.
@@ -170,8 +178,9 @@ size_t transfer_count(const DatasetPlan& d, uint64_t begin, uint64_t end);
 // list, in max(min_calls, transfer_count) calls (collective transfers: every rank must make the same number).
 void read_rows(hid_t dset, const DatasetPlan& d, uint64_t row_begin, uint64_t row_end, void* buf, hid_t dxpl,
                size_t min_calls = 0);
-// Verifies one dataset's checksum by streaming it through a bounded buffer; returns "" or the problem.
-std::string verify_dataset(hid_t file, const DatasetPlan& d, const std::string& file_path);
+// Verifies one dataset's checksum by streaming it through `buf` (grown as needed; the caller reuses it for
+// every dataset of a file: a fresh buffer per dataset costs page faults and zeroing); returns "" or the problem.
+std::string verify_dataset(hid_t file, const DatasetPlan& d, const std::string& file_path, std::vector<char>& buf);
 // Checks that the file holds no object outside docs/FORMAT.md's layout; returns the problems.
 std::vector<std::string> unexpected_objects(hid_t file, const std::vector<DatasetPlan>& expected,
                                             const std::string& file_path);

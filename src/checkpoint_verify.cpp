@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <memory>
 #include <set>
+#include <string>
 
 #include "checkpoint_internal.hpp"
 #include "h5ddp/error.hpp"
@@ -14,7 +15,12 @@ namespace h5ddp {
 namespace ckpt {
 namespace {
 
-constexpr size_t kVerifyBufferBytes = 64u << 20;  // per rank, whatever the checkpoint's size
+// Per rank, whatever the checkpoint's size; the buffer is reused for every dataset of a file. Small enough
+// that each piece is still in the CPU cache when it is hashed right after being read. Verifying a 1.2 GiB
+// checkpoint in the page cache (h5ddp-ckpt verify, 2-core VM): 2.3-2.6 s with a fresh 64 MiB buffer per
+// dataset (zeroing and page faults), 0.75-0.86 s reusing 64 MiB, 0.40-0.44 s with 16 MiB, 0.22-0.30 s with
+// 4 MiB, 0.21-0.26 s with 1 MiB.
+constexpr size_t kVerifyBufferBytes = 4u << 20;
 
 std::string hex(uint64_t v) {
   char b[32];
@@ -46,7 +52,7 @@ bool allowed_group(const std::string& p) {
 
 }  // namespace
 
-std::string verify_dataset(hid_t f, const DatasetPlan& d, const std::string& file) {
+std::string verify_dataset(hid_t f, const DatasetPlan& d, const std::string& file, std::vector<char>& buf) {
   return capture_error([&] {
     with_context("verifying " + d.path + " in " + file, [&] {
       h5::SilenceErrors quiet;
@@ -59,7 +65,7 @@ std::string verify_dataset(hid_t f, const DatasetPlan& d, const std::string& fil
         throw CheckpointError(file + ": dataset " + d.path + " has an HDF5 type that does not match its dtype");
       const size_t rb = d.row_bytes(), rows = d.rows();
       const size_t rows_per_chunk = std::max<size_t>(1, rb ? kVerifyBufferBytes / rb : 1);
-      std::vector<char> buf(std::min(rows, rows_per_chunk) * rb);
+      if (buf.size() < std::min(rows, rows_per_chunk) * rb) buf.resize(std::min(rows, rows_per_chunk) * rb);
       StreamHash st;
       for (size_t r = 0; r < rows && rb > 0; r += rows_per_chunk) {
         const size_t end = std::min(rows, r + rows_per_chunk);
@@ -113,8 +119,9 @@ VerifyReport verify_checkpoint_file(const std::string& path) {
     h5::Handle f = ckpt::open_checkpoint(nullptr, path);
     std::vector<ckpt::DatasetPlan> datasets;
     report.problems = ckpt::check_structure(f, path, &datasets);
+    std::vector<char> buf;
     for (const auto& d : datasets) {
-      std::string p = ckpt::verify_dataset(f, d, path);
+      std::string p = ckpt::verify_dataset(f, d, path, buf);
       if (!p.empty()) report.problems.push_back(p);
     }
   });
@@ -132,9 +139,10 @@ std::vector<std::string> verify_checkpoint_collective(Comm& comm, const std::str
   problems = ckpt::check_structure(f, path, &datasets);  // collective metadata: same answer on every rank
   const auto owner = ckpt::assign_whole_datasets(datasets, comm.size());
   std::string mine;
+  std::vector<char> buf;
   for (size_t i = 0; i < datasets.size(); ++i) {
     if (owner[i] != comm.rank()) continue;
-    std::string p = ckpt::verify_dataset(f, datasets[i], path);
+    std::string p = ckpt::verify_dataset(f, datasets[i], path, buf);
     if (!p.empty()) mine += p + '\0';  // problems may span lines
   }
   for (int r = 0; r < comm.size(); ++r) {

@@ -1,6 +1,7 @@
 // The pure parts of the checkpoint plan: byte shares at row granularity, whole-dataset assignment, names.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "checkpoint_internal.hpp"
@@ -121,6 +122,36 @@ TEST(StreamHash, EqualsHashBytesOfTheConcatenationWhateverThePieces) {
   EXPECT_NE(missing_last.digest(), whole);
   ckpt::StreamHash empty;
   EXPECT_EQ(empty.digest(), ckpt::hash_bytes(nullptr, 0));
+}
+
+// Known answers from Debian's libxxhash.so (XXH3_64bits, an independent build) on bytes (i * 2654435761) >> 13:
+// every kernel this CPU runs, one-shot and streamed, at every alignment, must give the file format's values.
+TEST(HashKernels, EveryKernelGivesTheKnownXxh3Values) {
+  const std::vector<std::pair<size_t, uint64_t>> known = {
+      {0, 0x2d06800538d394c2ull},      {1, 0xc44bdff4074eecdbull},    {3, 0xa1c4a8259b827291ull},
+      {17, 0x47aad6b375eb4bbaull},     {129, 0x9e2414800f83768aull},  {240, 0xb714c5fd22744964ull},
+      {241, 0xbc424a2c480dd281ull},    {1024, 0x1fd15e7d36f5e1bcull}, {100003, 0x25ba638a3c66d20full},
+      {1048583, 0xa80bea05304486e6ull}};
+  const auto kernels = ckpt::hash_kernels();
+  ASSERT_FALSE(kernels.empty());
+  EXPECT_EQ(kernels.front(), "default");
+  EXPECT_NE(std::find(kernels.begin(), kernels.end(), ckpt::hash_kernel()), kernels.end());
+  EXPECT_THROW(ckpt::hash_bytes_with("no-such-kernel", nullptr, 0), Error);
+  for (size_t align = 0; align < 4; ++align) {
+    std::vector<uint8_t> buf(align + (1 << 20) + 7);
+    for (const auto& [n, want] : known) {
+      uint8_t* a = buf.data() + align;
+      for (size_t i = 0; i < n; ++i) a[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+      EXPECT_EQ(ckpt::hash_bytes(a, n), want) << n << " bytes at offset " << align;
+      for (const auto& k : kernels) {
+        EXPECT_EQ(ckpt::hash_bytes_with(k, a, n), want) << k << ", " << n << " bytes at offset " << align;
+        ckpt::StreamHash h(k);
+        for (size_t off = 0, piece = 1; off < n; off += piece, piece = piece * 3 + 1)
+          h.update(a + off, std::min(piece, n - off));
+        EXPECT_EQ(h.digest(), want) << k << " streamed, " << n << " bytes at offset " << align;
+      }
+    }
+  }
 }
 
 TEST(Format, NamesAndSteps) {
