@@ -38,7 +38,12 @@ const HashKernel kKernels[] = {
     {"default", [] { return true; }, [](const void* p, size_t n) -> uint64_t { return XXH3_64bits(p, n); },
      [](void* s, const void* p, size_t n) { XXH3_64bits_update(static_cast<XXH3_state_t*>(s), p, n); }},
 #if defined(H5DDP_XXH3_AVX2)
-    {"avx2", [] { return __builtin_cpu_supports("avx2") != 0; }, h5ddp_xxh3_avx2_hash, h5ddp_xxh3_avx2_update},
+    {"avx2",
+     [] {
+       __builtin_cpu_init();  // in case the first hash runs in a static constructor, before libgcc's
+       return __builtin_cpu_supports("avx2") != 0;
+     },
+     h5ddp_xxh3_avx2_hash, h5ddp_xxh3_avx2_update},
 #endif
 };
 
