@@ -90,9 +90,9 @@ uint64_t hash_bytes_with(const std::string& kernel, const void* data, size_t n) 
   return kernel_named(kernel).hash(data, n);
 }
 
-StreamHash::StreamHash() : StreamHash(chosen_kernel().name) {}
-StreamHash::StreamHash(const std::string& kernel)
-    : state_(XXH3_createState()), update_(kernel_named(kernel).update) {
+StreamHash::StreamHash() : StreamHash(chosen_kernel().update) {}
+StreamHash::StreamHash(const std::string& kernel) : StreamHash(kernel_named(kernel).update) {}
+StreamHash::StreamHash(void (*update)(void*, const void*, size_t)) : state_(XXH3_createState()), update_(update) {
   if (!state_) throw std::bad_alloc();
   XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
 }

@@ -61,6 +61,9 @@ struct SavePlan {
 // tensor datasets (`tensor` set) get theirs while they are written (see save_checkpoint).
 SavePlan make_save_plan(Comm& comm, const TrainState& state);
 
+// Load and verify read a dataset in pieces of this size and hash each piece right after reading it, while it
+// is still in the CPU cache (measurements: docs/DESIGN.md, "Verification is streamed").
+constexpr size_t kHashPieceBytes = 4u << 20;
 // XXH3 (64 bits) of the bytes, with the fastest kernel this CPU runs (or the one H5DDP_HASH_KERNEL names).
 uint64_t hash_bytes(const void* data, size_t n);
 // The XXH3 kernels this CPU runs ("default": XXH3 as xxhash.h compiles for the target; "avx2" on x86-64 CPUs
@@ -80,6 +83,7 @@ class StreamHash {
   uint64_t digest() const;
 
  private:
+  explicit StreamHash(void (*update)(void* state, const void* data, size_t n));
   void* state_;  // XXH3_state_t (xxhash.h stays out of this header)
   void (*update_)(void* state, const void* data, size_t n);
 };

@@ -15,12 +15,11 @@ namespace h5ddp {
 namespace ckpt {
 namespace {
 
-// Per rank, whatever the checkpoint's size; the buffer is reused for every dataset of a file. Small enough
-// that each piece is still in the CPU cache when it is hashed right after being read. Verifying a 1.2 GiB
-// checkpoint in the page cache (h5ddp-ckpt verify, 2-core VM): 2.3-2.6 s with a fresh 64 MiB buffer per
-// dataset (zeroing and page faults), 0.75-0.86 s reusing 64 MiB, 0.40-0.44 s with 16 MiB, 0.22-0.30 s with
-// 4 MiB, 0.21-0.26 s with 1 MiB.
-constexpr size_t kVerifyBufferBytes = 4u << 20;
+// Per rank, whatever the checkpoint's size, reused for every dataset of a file: kHashPieceBytes. Verifying a
+// 1.2 GiB checkpoint in the page cache (h5ddp-ckpt verify, 2-core VM): 2.3-2.6 s with a fresh 64 MiB buffer
+// per dataset (zeroing and page faults), 0.75-0.86 s reusing 64 MiB, 0.40-0.44 s with 16 MiB, 0.22-0.30 s
+// with 4 MiB, 0.21-0.26 s with 1 MiB.
+constexpr size_t kVerifyBufferBytes = kHashPieceBytes;
 
 std::string hex(uint64_t v) {
   char b[32];
@@ -65,7 +64,7 @@ std::string verify_dataset(hid_t f, const DatasetPlan& d, const std::string& fil
         throw CheckpointError(file + ": dataset " + d.path + " has an HDF5 type that does not match its dtype");
       const size_t rb = d.row_bytes(), rows = d.rows();
       const size_t rows_per_chunk = std::max<size_t>(1, rb ? kVerifyBufferBytes / rb : 1);
-      if (buf.size() < std::min(rows, rows_per_chunk) * rb) buf.resize(std::min(rows, rows_per_chunk) * rb);
+      buf.resize(std::max(buf.size(), std::min(rows, rows_per_chunk) * rb));
       StreamHash st;
       for (size_t r = 0; r < rows && rb > 0; r += rows_per_chunk) {
         const size_t end = std::min(rows, r + rows_per_chunk);
