@@ -108,12 +108,12 @@ void exchange_shares(Comm& comm, const std::vector<DatasetPlan>& plan, const std
   }
 }
 
-// Reads all of `d` into d.dst in pieces of about ckpt::kHashPieceBytes (fewer with H5DDP_MAX_TRANSFER_BYTES, which
+// Reads all of `d` into d.dst in pieces of about ckpt::kLoadPieceBytes (fewer with H5DDP_MAX_TRANSFER_BYTES, which
 // tests lower) and returns the XXH3 of its bytes, each piece hashed right after it is read, while it is still
 // in the CPU cache: one pass over memory instead of two.
 uint64_t read_and_hash(hid_t ds, const DatasetPlan& d, hid_t dxpl) {
   const size_t rb = d.row_bytes(), rows = d.rows();
-  const size_t piece = std::min<uint64_t>(ckpt::kHashPieceBytes, ckpt::max_transfer_bytes());
+  const size_t piece = std::min<uint64_t>(ckpt::kLoadPieceBytes, ckpt::max_transfer_bytes());
   const size_t per = std::max<size_t>(1, rb ? piece / rb : 1);
   ckpt::StreamHash hash;
   for (size_t r = 0; r < rows; r += per) {
