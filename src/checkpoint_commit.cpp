@@ -89,9 +89,8 @@ void apply_retention(const std::string& run_dir, const SaveOptions& options, con
 
 }  // namespace ckpt
 
-std::optional<std::string> find_resume_checkpoint(Comm& comm, const std::string& run_dir) {
-  // Rank 0 lists the candidates (latest first, then ckpt-<step>.h5 newest first); every rank verifies each
-  // candidate together until one passes.
+ResumeCandidates list_resume_candidates(Comm& comm, const std::string& run_dir) {
+  // Rank 0 lists the directory (latest first, then ckpt-<step>.h5 newest first) and broadcasts the list.
   std::string listing;
   if (comm.rank() == 0) {
     std::vector<std::pair<int64_t, std::string>> found;
@@ -110,23 +109,28 @@ std::optional<std::string> find_resume_checkpoint(Comm& comm, const std::string&
   }
   listing = comm.broadcast_string(listing, 0);
 
-  std::vector<std::string> names;
+  ResumeCandidates out;
   for (size_t pos = 0; pos < listing.size();) {
     const size_t nl = listing.find('\n', pos);
-    names.push_back(listing.substr(pos, nl - pos));
+    std::string name = listing.substr(pos, nl - pos);
+    if (pos == 0 && name[0] == '@') out.latest_first = true, name.erase(0, 1);
+    out.paths.push_back((fs::path(run_dir) / name).string());
     pos = nl + 1;
   }
-  const bool have_latest = !names.empty() && names[0][0] == '@';
-  if (have_latest) names[0].erase(0, 1);
+  return out;
+}
+
+std::optional<std::string> find_resume_checkpoint(Comm& comm, const std::string& run_dir) {
+  // Every rank verifies each candidate together until one passes.
+  const ResumeCandidates c = list_resume_candidates(comm, run_dir);
   std::string why;  // what was wrong with the candidates skipped so far
-  for (size_t i = 0; i < names.size(); ++i) {
-    const std::string path = (fs::path(run_dir) / names[i]).string();
-    const auto problems = verify_checkpoint_collective(comm, path);
+  for (size_t i = 0; i < c.paths.size(); ++i) {
+    const auto problems = verify_checkpoint_collective(comm, c.paths[i]);
     if (problems.empty()) {
-      if (!why.empty() && comm.rank() == 0) log::warn("resuming from " + path + " instead:" + why);
-      return path;
+      if (!why.empty() && comm.rank() == 0) log::warn("resuming from " + c.paths[i] + " instead:" + why);
+      return c.paths[i];
     }
-    why += "\n  " + std::string(i == 0 && have_latest ? "(named by latest) " : "") + problems.front();
+    why += "\n  " + std::string(i == 0 && c.latest_first ? "(named by latest) " : "") + problems.front();
     if (problems.size() > 1) why += " (+" + std::to_string(problems.size() - 1) + " more problems)";
   }
   if (!why.empty() && comm.rank() == 0) log::warn("no valid checkpoint in " + run_dir + ":" + why);

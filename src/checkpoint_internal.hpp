@@ -145,7 +145,7 @@ class PhaseTimer {
 
 // Collective. If any rank passes a non-empty message, every rank throws CheckpointError carrying the lowest
 // such rank's message (so no rank goes on into a collective alone).
-void throw_if_any(Comm& comm, const std::string& local_error);
+void throw_if_any(Comm& comm, const std::string& local_error, bool mismatch = false);
 // `message` without this process's leading "[host rank r/N] " tag (re-added once by whoever rethrows).
 std::string strip_process_tag(const std::string& message);
 // Runs f(), returning its exception message without the process tag ("" when it succeeded).

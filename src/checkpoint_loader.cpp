@@ -265,7 +265,7 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
     diff = path + " does not match the state to load into on rank " + std::to_string(rank) + " (" +
            std::to_string(n) + " difference" + (n == 1 ? "" : "s") + "):" + diff;
   }
-  ckpt::throw_if_any(comm, diff);
+  ckpt::throw_if_any(comm, diff, /*mismatch=*/true);
   timer.mark("open+manifest");
 
   std::vector<DatasetPlan> plan = load_plan(state.model, m.model, false);

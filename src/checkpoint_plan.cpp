@@ -215,13 +215,14 @@ std::string strip_process_tag(const std::string& message) {
   return message.compare(0, tag.size(), tag) == 0 ? message.substr(tag.size()) : message;
 }
 
-void throw_if_any(Comm& comm, const std::string& local_error) {
+void throw_if_any(Comm& comm, const std::string& local_error, bool mismatch) {
   int32_t first = local_error.empty() ? std::numeric_limits<int32_t>::max() : comm.rank();
   comm.allreduce(&first, 1, DType::kI32, ReduceOp::kMin);
   if (first == std::numeric_limits<int32_t>::max()) return;
   std::string msg = comm.broadcast_string(local_error, first);
-  if (first == comm.rank()) throw CheckpointError(msg);
-  throw CheckpointError("rank " + std::to_string(first) + " failed: " + msg);
+  if (first != comm.rank()) msg = "rank " + std::to_string(first) + " failed: " + msg;
+  if (mismatch) throw CheckpointMismatchError(msg);
+  throw CheckpointError(msg);
 }
 
 MPI_Comm mpi_comm_of(Comm& comm) {

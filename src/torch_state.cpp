@@ -182,7 +182,7 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
     const torch::Tensor* param = nullptr;
     for (const auto& [n, t] : params_)
       if (n == pname) param = &t;
-    if (!param) throw CheckpointError("optimizer state '" + e.name + "' names no parameter of the model");
+    if (!param) throw CheckpointMismatchError("optimizer state '" + e.name + "' names no parameter of the model");
 
     auto& slot = optimizer_.state()[state_key(*param)];
     if (!slot) {
@@ -191,7 +191,7 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
       else slot = std::make_unique<torch::optim::AdamWParamState>();
     }
     if (key == "step") {
-      if (type_ == "sgd") throw CheckpointError("optimizer state '" + e.name + "': SGD has no step counter");
+      if (type_ == "sgd") throw CheckpointMismatchError("optimizer state '" + e.name + "': SGD has no step counter");
       if (e.dtype != DType::kI64 || !e.shape.empty())
         throw CheckpointError("optimizer state '" + e.name + "' should be a scalar int64");
       steps_.push_back(0);
@@ -205,9 +205,9 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
     else if (type_ != "sgd")
       dst = adam_tensor(*slot, type_, key);
     if (!dst)
-      throw CheckpointError("optimizer state '" + e.name + "': '" + key + "' is not a state of " + type_);
+      throw CheckpointMismatchError("optimizer state '" + e.name + "': '" + key + "' is not a state of " + type_);
     if (e.shape != param->sizes().vec())
-      throw CheckpointError("optimizer state '" + e.name + "' has shape " + shape_string(e.shape) +
+      throw CheckpointMismatchError("optimizer state '" + e.name + "' has shape " + shape_string(e.shape) +
                             " but parameter " + pname + " has " + shape_string(param->sizes().vec()));
     *dst = torch::zeros(param->sizes(), param->options().dtype(to_scalar_type(e.dtype)));
     state.optimizer.state.push_back(view(e.name, *dst));

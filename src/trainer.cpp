@@ -197,16 +197,14 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
   data.seed = config.seed;
   data.global_batch = config.batch_size;
 
-  // Resume: --resume auto finds the newest valid checkpoint (none: fresh start), or an explicit path.
-  std::optional<std::string> resume_path;
-  if (config.resume == "auto") resume_path = find_resume_checkpoint(comm, config.run_dir);
-  else if (config.resume != "none") resume_path = config.resume;
-  const std::string load_path = resume_path ? *resume_path : config.init_from;
-  if (!load_path.empty()) {
-    const CheckpointManifest manifest = read_manifest(comm, load_path);
+  // Resume: --resume auto loads the newest checkpoint that loads (none: fresh start), or an explicit path.
+  // --init-from takes the weights of a file.
+  // Loads `path` into the model and optimizer (the optimizer's own state only when resuming).
+  auto load_from = [&](const std::string& path, bool resume) -> TrainState {
+    const CheckpointManifest manifest = read_manifest(comm, path);
     std::string mismatch;
-    if (resume_path && manifest.optimizer_type != config.optimizer)
-      mismatch = "checkpoint " + load_path + " was trained with --optimizer " + manifest.optimizer_type +
+    if (resume && manifest.optimizer_type != config.optimizer)
+      mismatch = "checkpoint " + path + " was trained with --optimizer " + manifest.optimizer_type +
                  ", this run uses " + config.optimizer;
     comm.raise_if_any(mismatch);
     std::vector<TensorRef> entries;
@@ -217,7 +215,7 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
     std::unique_ptr<TorchStateBinding> scratch_binding;
     TorchStateBinding* b = &binding;
     // A weights-only file (optimizer type "", e.g. from h5ddp-ckpt import) has no optimizer state to hold.
-    if (!resume_path && !manifest.optimizer_type.empty() && manifest.optimizer_type != config.optimizer) {
+    if (!resume && !manifest.optimizer_type.empty() && manifest.optimizer_type != config.optimizer) {
       std::vector<torch::Tensor> params = model->parameters();
       TrainConfig other = config;
       other.optimizer = manifest.optimizer_type;
@@ -225,34 +223,78 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
       scratch_binding = std::make_unique<TorchStateBinding>(*model, *scratch_opt, other.optimizer);
       b = scratch_binding.get();
     }
-    with_context("while loading " + load_path, [&] {
+    with_context("loading " + path, [&] {
       b->prepare_import(entries, st);
-      load_checkpoint(comm, load_path, st);
+      load_checkpoint(comm, path, st);
       b->finish_import();
     });
-    if (resume_path) {
-      counters = st.counters;
-      data = st.data;
-      if (config.batch_size_set && config.batch_size != data.global_batch) {
-        log::root_info("warning: --batch-size " + std::to_string(config.batch_size) + " differs from the " +
-                       std::to_string(data.global_batch) + " of the checkpoint; continuing with " +
-                       std::to_string(config.batch_size) + " from sample " + std::to_string(data.position));
-        data.global_batch = config.batch_size;
+    return st;
+  };
+
+  std::optional<std::string> resume_path;
+  TrainState st;
+  if (config.resume == "auto") {
+    // Each candidate is read once: load_checkpoint verifies every checksum as it reads. A damaged candidate
+    // (an error every rank raises together: the checkpoint code agrees on its errors before throwing) falls
+    // back to the next one; a checkpoint of another model (CheckpointMismatchError) or optimizer
+    // (DisagreementError) fails the run, as an older file would not match either.
+    const ResumeCandidates candidates = list_resume_candidates(comm, config.run_dir);
+    std::string why;
+    for (size_t i = 0; i < candidates.paths.size() && !resume_path; ++i) {
+      try {
+        st = load_from(candidates.paths[i], true);
+        resume_path = candidates.paths[i];
+      } catch (const CheckpointMismatchError&) {
+        throw;
+      } catch (const DisagreementError&) {  // e.g. another --optimizer
+        throw;
+      } catch (const Error& e) {
+        why += "\n  " + std::string(i == 0 && candidates.latest_first ? "(named by latest) " : "") + e.what();
       }
-      if (data.seed != config.seed)
-        log::root_info("note: the data order continues with the checkpoint's seed " + std::to_string(data.seed));
-      const bool exact = restore_rank_rng(st.rng_by_rank, rank, config.seed, counters.step);
-      const int exact_all = comm.all_ok(exact) ? 1 : 0;
-      result.resumed_from = load_path;
-      if (root)
-        log::root_info("resumed from " + load_path + " at step " + std::to_string(counters.step) + ", epoch " +
-                       std::to_string(data.epoch) + ", sample " + std::to_string(data.position) + " (saved at " +
-                       std::to_string(st.saved_world_size) + " ranks, now " + std::to_string(world) +
-                       (exact_all ? "" : "; ranks beyond the saved world size got derived RNG streams") + ")");
-    } else {
-      optimizer->state().clear();
-      if (root) log::root_info("initialised the weights from " + load_path);
     }
+    if (!why.empty() && root)
+      log::warn(resume_path ? "resuming from " + *resume_path + " instead:" + why
+                            : "no valid checkpoint in " + config.run_dir + ", starting from scratch:" + why);
+    if (!why.empty() && !resume_path) {
+      // The failed loads may have overwritten part of the weights and the optimizer state: start exactly as
+      // a run in an empty directory does (same seed, same initial weights, same RNG streams).
+      torch::manual_seed(config.seed);
+      std::shared_ptr<Model> fresh = make_model(config.model);
+      torch::NoGradGuard no_grad;
+      auto fresh_params = fresh->named_parameters(true), fresh_buffers = fresh->named_buffers(true);
+      for (auto& p : model->named_parameters(true)) p.value().copy_(fresh_params[p.key()]);
+      for (auto& b : model->named_buffers(true)) b.value().copy_(fresh_buffers[b.key()]);
+      optimizer->state().clear();
+      seed_rank_rng(config.seed, rank);
+    }
+  } else if (config.resume != "none") {
+    resume_path = config.resume;
+    st = load_from(*resume_path, true);
+  }
+  if (!resume_path && !config.init_from.empty()) {
+    load_from(config.init_from, false);
+    optimizer->state().clear();
+    if (root) log::root_info("initialised the weights from " + config.init_from);
+  }
+  if (resume_path) {
+    counters = st.counters;
+    data = st.data;
+    if (config.batch_size_set && config.batch_size != data.global_batch) {
+      log::root_info("warning: --batch-size " + std::to_string(config.batch_size) + " differs from the " +
+                     std::to_string(data.global_batch) + " of the checkpoint; continuing with " +
+                     std::to_string(config.batch_size) + " from sample " + std::to_string(data.position));
+      data.global_batch = config.batch_size;
+    }
+    if (data.seed != config.seed)
+      log::root_info("note: the data order continues with the checkpoint's seed " + std::to_string(data.seed));
+    const bool exact = restore_rank_rng(st.rng_by_rank, rank, config.seed, counters.step);
+    const int exact_all = comm.all_ok(exact) ? 1 : 0;
+    result.resumed_from = *resume_path;
+    if (root)
+      log::root_info("resumed from " + *resume_path + " at step " + std::to_string(counters.step) + ", epoch " +
+                     std::to_string(data.epoch) + ", sample " + std::to_string(data.position) + " (saved at " +
+                     std::to_string(st.saved_world_size) + " ranks, now " + std::to_string(world) +
+                     (exact_all ? "" : "; ranks beyond the saved world size got derived RNG streams") + ")");
   }
 
   DistributedSampler sampler(train_set.count, data.global_batch, data.seed, world, rank);

@@ -87,11 +87,21 @@ struct LoadOptions {
 };
 
 // Collective. Verifies format version, checksums, and that state.model / state.optimizer.state refs match the
-// file exactly (missing key, extra key, shape, dtype: ONE CheckpointError listing ALL differences, naming the
-// file, dataset and rank); then fills the refs' memory, counters, data, scheduler, optimizer groups/type,
+// file exactly (missing key, extra key, shape, dtype: ONE CheckpointMismatchError listing ALL differences,
+// naming the file, dataset and rank; every other problem of the file is a CheckpointError); then fills the refs' memory, counters, data, scheduler, optimizer groups/type,
 // rng_by_rank (and rng = row `rank` when rank < saved world size), saved_world_size, meta.
 // On error, the refs' memory may have been partly overwritten.
 void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, const LoadOptions& options = {});
+
+// Collective, the same list on every rank. The checkpoints an automatic resume tries, in order: the file
+// `latest` names (latest_first), then every other ckpt-<step>.h5 from the highest step down. Nothing is
+// opened or verified: the trainer loads the first one that loads (load_checkpoint verifies as it reads), so a
+// resume reads the checkpoint once.
+struct ResumeCandidates {
+  std::vector<std::string> paths;
+  bool latest_first = false;
+};
+ResumeCandidates list_resume_candidates(Comm& comm, const std::string& run_dir);
 
 // Collective. Newest checkpoint in run_dir that verifies: `latest` first, else the newest valid ckpt-*.h5 with
 // a warning naming what was wrong; std::nullopt when there is none (a fresh run must not fail). Checksums are

@@ -27,6 +27,9 @@ class NcclError : public Error { using Error::Error; };       // an NCCL call fa
 class ConfigError : public Error { using Error::Error; };     // bad option or configuration
 class DisagreementError : public Error { using Error::Error; };  // ranks disagreed before a collective
 class CheckpointError : public Error { using Error::Error; };    // a checkpoint is invalid or cannot be written
+// A readable checkpoint of another model or optimizer than the one to load into (missing or extra keys,
+// shapes, dtypes): resuming must not fall back to an older file, which would not match either.
+class CheckpointMismatchError : public CheckpointError { using CheckpointError::CheckpointError; };
 class DataError : public Error { using Error::Error; };          // a data set file is missing or malformed
 
 // "[host rank r/N]" once MpiEnv has started, "[host]" before.

@@ -99,6 +99,60 @@ def scenario(damage):
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+SAME_STATE = ("import h5py,numpy,sys\n"
+              "a,b=h5py.File(sys.argv[1],'r'),h5py.File(sys.argv[2],'r')\n"
+              "def tensors(f):\n"
+              "    out={}\n"
+              "    for g in ('model','optimizer/state'):\n"
+              "        f[g].visititems(lambda n,o: out.__setitem__(g+'/'+n,o[()]) if isinstance(o,h5py.Dataset) else None)\n"
+              "    return out\n"
+              "ta,tb=tensors(a),tensors(b)\n"
+              "diff=[k for k in ta if k not in tb or ta[k].tobytes()!=tb[k].tobytes()]\n"
+              "print(len(ta), 'differ:', ' '.join(sorted(diff+[k for k in tb if k not in ta])) or '-')\n")
+
+
+def test_every_checkpoint_damaged():
+    """Every candidate damaged: auto-resume warns, names each file, and starts from scratch exactly as a run
+    in an empty directory does (the failed loads had overwritten part of the weights and optimizer state)."""
+    run_dir = tf.copy_run(base_run(), "corrupt-all")
+    fresh_dir = fl.scratch("corrupt-fresh")
+    try:
+        for c in fl.checkpoints(run_dir):
+            flip_bytes(c)
+        r = tf.train(NP, run_dir, 2)
+        fl.check(r.rc == 0, f"auto-resume with every checkpoint damaged failed: {r}")
+        fl.check(tf.resumed_from(r) is None, f"resumed from a damaged file: {r}")
+        fl.check("no valid checkpoint" in r.err and "ckpt-00000002.h5" in r.err and "ckpt-00000004.h5" in r.err,
+                 f"no warning naming both damaged files: {r}")
+        fl.check(tf.trained_steps(r) == 2, f"did not train to step 2: {r}")
+        f = tf.train(NP, fresh_dir, 2)
+        fl.check(f.rc == 0, f"fresh run failed: {f}")
+        out = h5py(SAME_STATE, os.path.join(run_dir, "ckpt-00000002.h5"), os.path.join(fresh_dir, "ckpt-00000002.h5"))
+        fl.check(out.endswith("differ: -") and not out.startswith("0 "),
+                 f"the run that found only damaged checkpoints did not start as a fresh run: {out}")
+        return f"step 2 equals a fresh run's ({out.split()[0]} tensors)"
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(fresh_dir, ignore_errors=True)
+
+
+def test_other_model_fails_without_fallback():
+    """A valid checkpoint of another model is not damage: auto-resume fails on every rank naming the
+    difference, and neither falls back to an older file nor starts from scratch over the run directory."""
+    run_dir = tf.copy_run(base_run(), "corrupt-model")
+    try:
+        before = fl.checkpoints(run_dir)
+        r = fl.mpirun(NP, tf.train_args(run_dir, 6, hidden=48), tf.STEP_TIMEOUT)
+        fl.check(r.rc != 0, f"auto-resume with another model succeeded: {r}")
+        fl.check("ckpt-00000004.h5" in r.text and "[48]" in r.text, f"the error does not name the file and shape: {r}")
+        fl.check(tf.resumed_from(r) is None and tf.trained_steps(r) is None, f"training ran: {r}")
+        fl.check(fl.checkpoints(run_dir) == before, f"the run directory changed: {fl.checkpoints(run_dir)}")
+        tf.verify_all(run_dir)
+        return "failed naming ckpt-00000004.h5"
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def make_test(damage):
     def t():
         return scenario(damage)
@@ -108,7 +162,8 @@ def make_test(damage):
 
 if __name__ == "__main__":
     try:
-        sys.exit(fl.main([make_test(d) for d in (flip_bytes, truncate, empty, foreign_hdf5)]))
+        sys.exit(fl.main([make_test(d) for d in (flip_bytes, truncate, empty, foreign_hdf5)] +
+                         [test_every_checkpoint_damaged, test_other_model_fails_without_fallback]))
     finally:
         if _base:
             shutil.rmtree(_base, ignore_errors=True)

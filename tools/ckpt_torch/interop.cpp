@@ -35,7 +35,7 @@ std::string shape_string(c10::IntArrayRef s) {
 }
 
 torch::Tensor allocate(const std::string& path, const TensorInfo& t) {
-  return with_context("while reading " + path + " (dataset of '" + t.name + "')",
+  return with_context("reading " + path + " (dataset of '" + t.name + "')",
                       [&] { return torch::empty(t.shape, torch::dtype(to_scalar_type(t.dtype))); });
 }
 
@@ -195,7 +195,7 @@ size_t export_checkpoint(Comm& comm, const ExportOptions& o) {
   const LoadedCheckpoint ck = load_checkpoint_tensors(comm, o.input);
   agreed(comm, [&] {
     if (comm.rank() != 0) return;
-    with_context("while writing " + o.output, [&] {
+    with_context("writing " + o.output, [&] {
       GenericDict model = str_dict();
       for (const auto& [k, t] : ck.model) model.insert(o.add_prefix + k, t);
 
