@@ -88,8 +88,9 @@ struct LoadOptions {
 
 // Collective. Verifies format version, checksums, and that state.model / state.optimizer.state refs match the
 // file exactly (missing key, extra key, shape, dtype: ONE CheckpointMismatchError listing ALL differences,
-// naming the file, dataset and rank; every other problem of the file is a CheckpointError); then fills the refs' memory, counters, data, scheduler, optimizer groups/type,
-// rng_by_rank (and rng = row `rank` when rank < saved world size), saved_world_size, meta.
+// naming the file, dataset and rank; every other problem of the file is a CheckpointError); then fills the
+// refs' memory, counters, data, scheduler, optimizer groups/type, rng_by_rank (and rng = row `rank` when
+// rank < saved world size), saved_world_size, meta.
 // On error, the refs' memory may have been partly overwritten.
 void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, const LoadOptions& options = {});
 
