@@ -120,21 +120,35 @@ ResumeCandidates list_resume_candidates(Comm& comm, const std::string& run_dir) 
   return out;
 }
 
-std::optional<std::string> find_resume_checkpoint(Comm& comm, const std::string& run_dir) {
-  // Every rank verifies each candidate together until one passes.
+std::optional<std::string> resume_newest(Comm& comm, const std::string& run_dir,
+                                         const std::function<void(const std::string& path)>& attempt) {
   const ResumeCandidates c = list_resume_candidates(comm, run_dir);
   std::string why;  // what was wrong with the candidates skipped so far
   for (size_t i = 0; i < c.paths.size(); ++i) {
-    const auto problems = verify_checkpoint_collective(comm, c.paths[i]);
-    if (problems.empty()) {
+    try {
+      attempt(c.paths[i]);
       if (!why.empty() && comm.rank() == 0) log::warn("resuming from " + c.paths[i] + " instead:" + why);
       return c.paths[i];
+    } catch (const CheckpointMismatchError&) {
+      throw;
+    } catch (const DisagreementError&) {
+      throw;
+    } catch (const Error& e) {
+      why += "\n  " + std::string(i == 0 && c.latest_first ? "(named by latest) " : "") + e.what();
     }
-    why += "\n  " + std::string(i == 0 && c.latest_first ? "(named by latest) " : "") + problems.front();
-    if (problems.size() > 1) why += " (+" + std::to_string(problems.size() - 1) + " more problems)";
   }
-  if (!why.empty() && comm.rank() == 0) log::warn("no valid checkpoint in " + run_dir + ":" + why);
+  if (!why.empty() && comm.rank() == 0)
+    log::warn("no valid checkpoint in " + run_dir + ", starting from scratch:" + why);
   return std::nullopt;
+}
+
+std::optional<std::string> find_resume_checkpoint(Comm& comm, const std::string& run_dir) {
+  return resume_newest(comm, run_dir, [&](const std::string& path) {
+    const auto problems = verify_checkpoint_collective(comm, path);  // the same list on every rank
+    if (problems.size() == 1) throw CheckpointError(problems.front());
+    if (problems.size() > 1)
+      throw CheckpointError(problems.front() + " (+" + std::to_string(problems.size() - 1) + " more problems)");
+  });
 }
 
 }  // namespace h5ddp

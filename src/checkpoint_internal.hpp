@@ -61,11 +61,12 @@ struct SavePlan {
 // tensor datasets (`tensor` set) get theirs while they are written (see save_checkpoint).
 SavePlan make_save_plan(Comm& comm, const TrainState& state);
 
-// Verification reads each dataset through one reused buffer of this size and hashes each piece right after
-// reading it, while it is still in the CPU cache (measurements: docs/DESIGN.md, "Verification is streamed").
-constexpr size_t kHashPieceBytes = 4u << 20;
+// Verification reads each dataset through one reused buffer of this size per rank (whatever the checkpoint's
+// size) and hashes each piece right after reading it, while it is still in the CPU cache (measurements:
+// docs/DESIGN.md, "Verification is streamed").
+constexpr size_t kVerifyBufferBytes = 4u << 20;
 // Load reads a dataset it verifies straight into the destination in pieces of this size, each hashed right
-// after its read (still in the last-level cache). Larger than kHashPieceBytes because the destination is not
+// after its read (still in the last-level cache). Larger than kVerifyBufferBytes because the destination is not
 // a reused buffer, and because on a disk-bound load fewer, larger reads keep more I/O in flight: 1 GiB at
 // 1 rank read from disk, 4 MiB pieces 0.72x the raw MPI-IO read, 16 MiB 0.87x, 64 MiB 0.89x (medians of 15
 // loads each, docs/DESIGN.md "Load verifies while the bytes are in cache").

@@ -234,28 +234,14 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
   std::optional<std::string> resume_path;
   TrainState st;
   if (config.resume == "auto") {
-    // Each candidate is read once: load_checkpoint verifies every checksum as it reads. A damaged candidate
-    // (an error every rank raises together: the checkpoint code agrees on its errors before throwing) falls
-    // back to the next one; a checkpoint of another model (CheckpointMismatchError) or optimizer
-    // (DisagreementError) fails the run, as an older file would not match either.
-    const ResumeCandidates candidates = list_resume_candidates(comm, config.run_dir);
-    std::string why;
-    for (size_t i = 0; i < candidates.paths.size() && !resume_path; ++i) {
-      try {
-        st = load_from(candidates.paths[i], true);
-        resume_path = candidates.paths[i];
-      } catch (const CheckpointMismatchError&) {
-        throw;
-      } catch (const DisagreementError&) {  // e.g. another --optimizer
-        throw;
-      } catch (const Error& e) {
-        why += "\n  " + std::string(i == 0 && candidates.latest_first ? "(named by latest) " : "") + e.what();
-      }
-    }
-    if (!why.empty() && root)
-      log::warn(resume_path ? "resuming from " + *resume_path + " instead:" + why
-                            : "no valid checkpoint in " + config.run_dir + ", starting from scratch:" + why);
-    if (!why.empty() && !resume_path) {
+    // Each candidate is read once: load_checkpoint verifies every checksum as it reads; a damaged one falls
+    // back to the next, another model or optimizer fails the run (resume_newest).
+    bool attempted = false;
+    resume_path = resume_newest(comm, config.run_dir, [&](const std::string& path) {
+      attempted = true;
+      st = load_from(path, true);
+    });
+    if (attempted && !resume_path) {
       // The failed loads may have overwritten part of the weights and the optimizer state: start exactly as
       // a run in an empty directory does (same seed, same initial weights, same RNG streams).
       torch::manual_seed(config.seed);

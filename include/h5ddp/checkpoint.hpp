@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -103,6 +104,14 @@ struct ResumeCandidates {
   bool latest_first = false;
 };
 ResumeCandidates list_resume_candidates(Comm& comm, const std::string& run_dir);
+
+// Collective. Calls attempt(path) on every rank for each candidate of list_resume_candidates in turn until one
+// returns; returns that path, std::nullopt when none did (rank 0 warns with what was wrong with each file
+// skipped). An h5ddp::Error from attempt is damage and moves on to the next candidate: it must be raised on
+// every rank together, as the checkpoint calls do. CheckpointMismatchError (another model) and
+// DisagreementError (e.g. another optimizer) propagate: an older file of the run would not match either.
+std::optional<std::string> resume_newest(Comm& comm, const std::string& run_dir,
+                                         const std::function<void(const std::string& path)>& attempt);
 
 // Collective. Newest checkpoint in run_dir that verifies: `latest` first, else the newest valid ckpt-*.h5 with
 // a warning naming what was wrong; std::nullopt when there is none (a fresh run must not fail). Checksums are
