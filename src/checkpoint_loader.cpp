@@ -2,12 +2,18 @@
 // everything), verify checksums (each dataset by one rank), fill the TrainState.
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <optional>
 
 #include "checkpoint_internal.hpp"
+#include "direct_read.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
 #include "h5ddp/log.hpp"
@@ -125,15 +131,51 @@ uint64_t read_and_hash(hid_t ds, const DatasetPlan& d, hid_t dxpl) {
   return hash.digest();
 }
 
+// Datasets smaller than this go through H5Dread even with direct reads: they are a small part of the bytes,
+// and one O_DIRECT request per small dataset would wait on the device each time.
+constexpr size_t kDirectMinBytes = 1u << 20;
+
+// Where d's bytes lie in the file when a plain read of them gives exactly what H5Dread would: contiguous
+// layout (no chunks, filters or external files), all of it allocated, and the file's type the one it is read
+// as (no conversion). std::nullopt otherwise.
+std::optional<uint64_t> raw_offset(hid_t ds, const DatasetPlan& d) {
+  const haddr_t offset = H5Dget_offset(ds);
+  if (offset == HADDR_UNDEF || H5Dget_storage_size(ds) != d.nbytes()) return std::nullopt;
+  h5::Handle stored = h5::datatype(H5Dget_type(ds));
+  h5::Handle wanted = d.file_type();
+  if (H5Tequal(stored, wanted) <= 0) return std::nullopt;
+  return static_cast<uint64_t>(offset);
+}
+
+// Whether this rank reads around the page cache (LoadOptions::direct_io). Collective when `mode` is kAuto.
+bool use_direct_io(Comm& comm, LoadOptions::DirectIo mode) {
+  if (mode != LoadOptions::DirectIo::kAuto) return mode == LoadOptions::DirectIo::kOn;
+  bool alone = true;
+  if (comm.size() > 1) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    const uint64_t mine = ckpt::hash_bytes(host, std::strlen(host));
+    std::vector<uint64_t> all(comm.size());
+    comm.allgather(&mine, all.data(), 1, DType::kU64);
+    alone = std::count(all.begin(), all.end(), mine) == 1;
+  }
+  if (const char* e = std::getenv("H5DDP_DIRECT_IO")) return std::string(e) != "0";
+  return alone;
+}
+
 // Reads the tensors with the chosen strategy; on return (without exception) every rank holds every byte, and
 // `hasher` holds the hash of every dataset with verify_here[i]: every-rank-reads hashes them while reading them
 // (read_and_hash, recorded), share + exchange submits each to the background thread once its bytes are in.
-void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, LoadStrategy strategy,
+void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, LoadStrategy strategy, bool direct,
                   const std::string& path, const std::vector<char>& verify_here, ckpt::BackgroundHasher& hasher) {
   const int rank = comm.rank(), world = comm.size();
   std::string error;
   h5::Handle coll = h5::transfer(true), indep = h5::transfer(false);
   if (strategy == LoadStrategy::kEveryRankReads) {
+    // Contiguous datasets of a directly readable type go to read_extents_direct (when `direct`), the rest
+    // through H5Dread.
+    std::vector<ckpt::FileExtent> extents;
+    std::vector<size_t> extent_slot;
     for (size_t i = 0; i < plan.size() && error.empty(); ++i) {
       const auto& d = plan[i];
       if (d.nbytes() > 0)
@@ -141,6 +183,13 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
           with_context("reading " + d.path + " from " + path, [&] {
             h5::SilenceErrors quiet;
             h5::Handle ds = open_dataset(f, d.path);
+            if (direct && d.nbytes() >= kDirectMinBytes) {
+              if (const auto offset = raw_offset(ds, d)) {
+                extents.push_back(ckpt::FileExtent{*offset, d.nbytes(), static_cast<char*>(d.dst), d.path});
+                extent_slot.push_back(i);
+                return;
+              }
+            }
             if (verify_here[i])
               hasher.record(i, read_and_hash(ds, d, indep));
             else
@@ -150,6 +199,22 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
       else if (verify_here[i])
         hasher.record(i, ckpt::hash_bytes(nullptr, 0));
     }
+    if (error.empty() && !extents.empty())
+      error = ckpt::capture_error([&] {
+        // Extents arrive whole and in order: one streaming hash at a time, recorded when the next begins.
+        std::unique_ptr<ckpt::StreamHash> hash;
+        size_t current = 0;
+        auto record = [&] {
+          if (hash) hasher.record(extent_slot[current], hash->digest());
+          hash.reset();
+        };
+        ckpt::read_extents_direct(path, extents, [&](size_t e, const char* data, size_t n) {
+          if (!verify_here[extent_slot[e]]) return;
+          if (e != current || !hash) record(), current = e, hash = std::make_unique<ckpt::StreamHash>();
+          hash->update(data, n);
+        });
+        record();
+      });
     ckpt::throw_if_any(comm, error);
     return;
   }
@@ -278,7 +343,8 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
   ckpt::BackgroundHasher hasher(plan.size());
   std::vector<char> verify_here(plan.size());
   for (size_t i = 0; i < plan.size(); ++i) verify_here[i] = verify && owner[i] == rank;
-  read_tensors(comm, f, plan, options.strategy, path, verify_here, hasher);
+  const bool direct = options.strategy == LoadStrategy::kEveryRankReads && use_direct_io(comm, options.direct_io);
+  read_tensors(comm, f, plan, options.strategy, direct, path, verify_here, hasher);
   timer.mark("read");
 
   std::string problems;

@@ -8,6 +8,7 @@ h5ddp_layer(h5ddp_io
   checkpoint_commit.cpp
   checkpoint_reader.cpp
   checkpoint_loader.cpp
+  direct_read.cpp
   checkpoint_verify.cpp
   checkpoint_file.cpp
   async_checkpoint.cpp)

@@ -25,3 +25,7 @@ if(TARGET h5ddp-ckpt)
   h5ddp_add_script_test(NAME ckpt_tool LABELS unit mpi TIMEOUT 120
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/ckpt_tool_test.sh ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
 endif()
+
+h5ddp_add_test_exe(direct_read_test direct_read_test.cpp)
+target_link_libraries(direct_read_test PRIVATE h5ddp_io)
+h5ddp_add_mpi_test(NAME direct_read EXE direct_read_test RANKS 1 LABELS unit TIMEOUT 60)
