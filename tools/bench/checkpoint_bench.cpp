@@ -2,11 +2,13 @@
 //   h5ddp  save_checkpoint / load_checkpoint (both load strategies)
 //   raw    MPI-IO collective write/read of the same bytes (each rank its contiguous share; load then
 //          broadcasts the shares so every rank holds everything): the practical limit
+//   raw_direct  (load only, with raw) the same reads with O_DIRECT, two in flight: h5ddp's technique for a rank
+//          alone on its host, without HDF5 or checksums
 //   folk   rank 0 alone torch::pickle_save's a dict of the tensors while the others wait at a barrier;
 //          load: every rank (or with --folk-load root: rank 0, then MPI_Bcast) torch::pickle_load's it
 //
 //   mpirun -np 2 h5ddp-bench-checkpoint --gib 1 --dir /tmp/bench [--fsync 1] [--load 1] [--folk-load all|root]
-//                                       [--methods h5ddp,raw,folk] [--reps R] [--tensors K] [--verify 0|1]
+//                                       [--methods h5ddp,raw,raw_direct,folk] [--reps R] [--tensors K] [--verify 0|1]
 //
 // Times are wall clock between barriers (the slowest rank). Before every load the file is fdatasync'ed and
 // evicted from the page cache (posix_fadvise DONTNEED), so loads read the disk. Extra memory is the rise of
@@ -16,12 +18,14 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <thread>
 
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
@@ -41,7 +45,7 @@ struct Options {
   bool load = true;
   bool folk_load_all = true;
   int tensors = 48;  // a third model weights, two thirds Adam state (exp_avg, exp_avg_sq)
-  std::string methods = "h5ddp,raw,folk";
+  std::string methods = "h5ddp,raw,raw_direct,folk";
   int reps = 1;
   bool verify = true;  // load_checkpoint's checksum verification (on by default, as in the trainer)
   bool has(const char* m) const { return methods.find(m) != std::string::npos; }
@@ -158,6 +162,11 @@ class Bench {
       cold(raw);
       measure("load", "raw_mpiio", [&] { raw_io(raw, false); });
       check("raw_mpiio");
+      if (o_.has("raw_direct")) {
+        cold(raw);
+        measure("load", "raw_direct", [&] { raw_direct_read(raw); });
+        check("raw_direct");
+      }
     }
     remove(raw);
   }
@@ -223,6 +232,36 @@ class Bench {
     H5DDP_CHECK_MPI(MPI_File_close(&fh));
     if (!write)
       for (int k = 0; k < n; ++k) comm_.broadcast(arena_.get() + share(k).first, share(k).second - share(k).first, DType::kU8, k);
+  }
+
+  // The same reads as raw_io's load with the technique h5ddp's load uses where a rank is alone on its host:
+  // O_DIRECT, kDirectReads preads of 16 MiB in flight, straight into the (page-aligned) arena; no checksums.
+  // Shares are cut at 4 KiB boundaries (O_DIRECT alignment), then broadcast as in raw_io.
+  void raw_direct_read(const std::string& path) {
+    constexpr int kDirectReads = 2;
+    constexpr size_t kPiece = 16u << 20, kBlock = 4096;
+    const int n = comm_.size();
+    auto edge = [&](int k) { return bytes_ * k / n / kBlock * kBlock; };
+    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+    if (fd < 0) throw Error(path + ": O_DIRECT open failed");
+    const size_t b = edge(comm_.rank()), e = comm_.rank() + 1 == n ? bytes_ : edge(comm_.rank() + 1);
+    std::atomic<size_t> next{b};
+    std::atomic<bool> failed{false};
+    auto work = [&] {
+      for (size_t off; (off = next.fetch_add(kPiece)) < e;) {
+        const size_t len = std::min(kPiece, e - off);
+        if (::pread(fd, arena_.get() + off, len, static_cast<off_t>(off)) != static_cast<ssize_t>(len)) failed = true;
+      }
+    };
+    std::vector<std::thread> readers;
+    for (int i = 0; i < kDirectReads; ++i) readers.emplace_back(work);
+    for (auto& t : readers) t.join();
+    ::close(fd);
+    if (failed) throw Error(path + ": O_DIRECT read failed");
+    for (int k = 0; k < n; ++k) {
+      const size_t kb = edge(k), ke = k + 1 == n ? bytes_ : edge(k + 1);
+      comm_.broadcast(arena_.get() + kb, ke - kb, DType::kU8, k);
+    }
   }
 
   c10::Dict<std::string, torch::Tensor> as_dict() {

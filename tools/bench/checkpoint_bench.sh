@@ -15,7 +15,7 @@ df -h "$(dirname "$scratch")" >&2
 for c in $cases; do
   gib="${c%%:*}"; np="${c#*:}"
   for fsync in 0 1; do
-    methods="h5ddp,raw"
+    methods="h5ddp,raw,raw_direct"
     # torch::pickle_save/load runs at ~25 MB/s here and needs ~3x the state in memory: measured once per case
     # (with fsync), and only up to FOLK_MAX_GIB.
     if [ "$fsync" = 1 ] && awk "BEGIN{exit !($gib <= $folk_max)}"; then methods="$methods,folk"; fi

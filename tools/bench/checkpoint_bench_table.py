@@ -41,14 +41,16 @@ for c in cases:
     print(f"| {c[0]:.0f} | {c[1]} | {c[2]} | {fmt(h)} | {fmt(r)} | {fmt(f)} | {ratio(r, h)} | {ratio(f, h)} | "
           f"{rss[c + ('save', 'h5ddp')]:.1f}% |")
 print("\n### Load (seconds, cold page cache; every rank ends with the whole state)\n")
-print("| GiB | ranks | fsync | share+exchange | every rank reads | raw MPI-IO + bcast | folk pickle | "
-      "best h5ddp / raw | median every-rank-reads / raw | best h5ddp vs folk |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| GiB | ranks | fsync | share+exchange | every rank reads | raw MPI-IO + bcast | raw O_DIRECT + bcast | "
+      "folk pickle | best h5ddp / raw | median every-rank-reads / raw | median every-rank-reads / raw O_DIRECT | "
+      "best h5ddp vs folk |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for c in cases:
     se, ev = t(c, "load", "h5ddp_share_exchange"), t(c, "load", "h5ddp_every_rank_reads")
-    r, f = t(c, "load", "raw_mpiio"), t(c, "load", "folk_pickle")
+    r, rd, f = t(c, "load", "raw_mpiio"), t(c, "load", "raw_direct"), t(c, "load", "folk_pickle")
     h = min(x for x in (se, ev) if x is not None) if (se or ev) else None
     med = {m: statistics.median(times[c + ("load", m)]) if times[c + ("load", m)] else None
-           for m in ("h5ddp_every_rank_reads", "raw_mpiio")}
-    print(f"| {c[0]:.0f} | {c[1]} | {c[2]} | {fmt(se)} | {fmt(ev)} | {fmt(r)} | {fmt(f)} | {ratio(r, h)} | "
-          f"{ratio(med['raw_mpiio'], med['h5ddp_every_rank_reads'])} | {ratio(f, h)} |")
+           for m in ("h5ddp_every_rank_reads", "raw_mpiio", "raw_direct")}
+    print(f"| {c[0]:.0f} | {c[1]} | {c[2]} | {fmt(se)} | {fmt(ev)} | {fmt(r)} | {fmt(rd)} | {fmt(f)} | "
+          f"{ratio(r, h)} | {ratio(med['raw_mpiio'], med['h5ddp_every_rank_reads'])} | "
+          f"{ratio(med['raw_direct'], med['h5ddp_every_rank_reads'])} | {ratio(f, h)} |")
