@@ -22,7 +22,7 @@ struct FileExtent {
 // Pieces larger than this are split; each piece is one pread (the kernel splits it further for the device).
 inline constexpr size_t kDirectPieceBytes = 8u << 20;
 // Reads in flight at once; also the number of reader threads.
-inline constexpr int kDirectReadsInFlight = 2;
+inline constexpr int kDirectReadsInFlight = 4;
 
 // Reads every extent of `path` into its dst. consume(extent index, data, n) is called on the calling thread for
 // each extent's bytes in order, once they are in dst (data points into dst), extents in the order given: the

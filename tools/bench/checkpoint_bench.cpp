@@ -9,6 +9,7 @@
 //
 //   mpirun -np 2 h5ddp-bench-checkpoint --gib 1 --dir /tmp/bench [--fsync 1] [--load 1] [--folk-load all|root]
 //                                       [--methods h5ddp,raw,raw_direct,folk] [--reps R] [--tensors K] [--verify 0|1]
+//                                       [--settle SECONDS]
 //
 // Times are wall clock between barriers (the slowest rank). Before every load the file is fdatasync'ed and
 // evicted from the page cache (posix_fadvise DONTNEED), so loads read the disk. Extra memory is the rise of
@@ -44,6 +45,10 @@ struct Options {
   bool fsync = true;
   bool load = true;
   bool folk_load_all = true;
+  // Seconds between evicting a file and loading it. 0 loads at once; a resume comes seconds after the memory
+  // was freed, which on a VM that hands free memory back to its host (free page reporting) matters: see
+  // docs/BENCHMARKS.md "Loads a few seconds after the eviction".
+  double settle = 0;
   int tensors = 48;  // a third model weights, two thirds Adam state (exp_avg, exp_avg_sq)
   std::string methods = "h5ddp,raw,raw_direct,folk";
   int reps = 1;
@@ -200,6 +205,7 @@ class Bench {
 
   void cold(const std::string& path) {
     if (comm_.rank() == 0) evict(path);
+    if (o_.settle > 0) std::this_thread::sleep_for(std::chrono::duration<double>(o_.settle));
     comm_.barrier();
   }
   void remove(const std::string& path) {
@@ -321,6 +327,7 @@ Options parse(int argc, char** argv) {
     else if (k == "--folk-load") o.folk_load_all = v == "all";
     else if (k == "--methods") o.methods = v;
     else if (k == "--verify") o.verify = v == "1";
+    else if (k == "--settle") o.settle = std::stod(v);
     else if (k == "--reps") o.reps = std::max(1, std::stoi(v));
     else if (k == "--tensors") o.tensors = std::max(3, std::stoi(v) / 3 * 3);
     else throw ConfigError("unknown option " + k);
