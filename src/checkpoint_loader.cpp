@@ -2,14 +2,11 @@
 // everything), verify checksums (each dataset by one rank), fill the TrainState.
 #include <mpi.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <memory>
 #include <optional>
 
 #include "checkpoint_internal.hpp"
@@ -147,25 +144,25 @@ std::optional<uint64_t> raw_offset(hid_t ds, const DatasetPlan& d) {
   return static_cast<uint64_t>(offset);
 }
 
-// Whether this rank reads around the page cache (LoadOptions::direct_io). Collective when `mode` is kAuto.
+// Whether this rank reads around the page cache (LoadOptions::direct_io). Collective when `mode` is kAuto:
+// the ranks of `comm` that share this host are found as MpiEnv finds a node's ranks (MPI_COMM_TYPE_SHARED).
 bool use_direct_io(Comm& comm, LoadOptions::DirectIo mode) {
   if (mode != LoadOptions::DirectIo::kAuto) return mode == LoadOptions::DirectIo::kOn;
-  bool alone = true;
+  int on_host = 1;
   if (comm.size() > 1) {
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    const uint64_t mine = ckpt::hash_bytes(host, std::strlen(host));
-    std::vector<uint64_t> all(comm.size());
-    comm.allgather(&mine, all.data(), 1, DType::kU64);
-    alone = std::count(all.begin(), all.end(), mine) == 1;
+    MPI_Comm host;
+    H5DDP_CHECK_MPI(MPI_Comm_split_type(ckpt::mpi_comm_of(comm), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &host));
+    MPI_Comm_size(host, &on_host);
+    MPI_Comm_free(&host);
   }
   if (const char* e = std::getenv("H5DDP_DIRECT_IO")) return std::string(e) != "0";
-  return alone;
+  return on_host == 1;
 }
 
 // Reads the tensors with the chosen strategy; on return (without exception) every rank holds every byte, and
 // `hasher` holds the hash of every dataset with verify_here[i]: every-rank-reads hashes them while reading them
-// (read_and_hash, recorded), share + exchange submits each to the background thread once its bytes are in.
+// (read_and_hash, or as read_extents_direct hands over the pieces when `direct`; recorded), share + exchange
+// submits each to the background thread once its bytes are in.
 void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, LoadStrategy strategy, bool direct,
                   const std::string& path, const std::vector<char>& verify_here, ckpt::BackgroundHasher& hasher) {
   const int rank = comm.rank(), world = comm.size();
@@ -201,19 +198,16 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
     }
     if (error.empty() && !extents.empty())
       error = ckpt::capture_error([&] {
-        // Extents arrive whole and in order: one streaming hash at a time, recorded when the next begins.
-        std::unique_ptr<ckpt::StreamHash> hash;
-        size_t current = 0;
-        auto record = [&] {
-          if (hash) hasher.record(extent_slot[current], hash->digest());
-          hash.reset();
-        };
+        // The pieces arrive in order, one extent after the other: one streaming hash at a time, recorded when
+        // its extent's last byte is in.
+        std::optional<ckpt::StreamHash> hash;
+        uint64_t hashed = 0;
         ckpt::read_extents_direct(path, extents, [&](size_t e, const char* data, size_t n) {
           if (!verify_here[extent_slot[e]]) return;
-          if (e != current || !hash) record(), current = e, hash = std::make_unique<ckpt::StreamHash>();
+          if (!hash) hash.emplace(), hashed = 0;
           hash->update(data, n);
+          if ((hashed += n) == extents[e].n) hasher.record(extent_slot[e], hash->digest()), hash.reset();
         });
-        record();
       });
     ckpt::throw_if_any(comm, error);
     return;

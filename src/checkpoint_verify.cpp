@@ -15,11 +15,6 @@ namespace h5ddp {
 namespace ckpt {
 namespace {
 
-// The buffer (kVerifyBufferBytes) is reused for every dataset of a file. Verifying a 1.2 GiB checkpoint in the
-// page cache (h5ddp-ckpt verify, 2-core VM): 2.3-2.6 s with a fresh 64 MiB buffer per dataset (zeroing and
-// page faults), 0.75-0.86 s reusing 64 MiB, 0.40-0.44 s with 16 MiB, 0.22-0.30 s with 4 MiB, 0.21-0.26 s
-// with 1 MiB.
-
 std::string hex(uint64_t v) {
   char b[32];
   std::snprintf(b, sizeof(b), "0x%016llx", static_cast<unsigned long long>(v));

@@ -1,7 +1,7 @@
 // read_extents_direct: bytes land where they should whatever the alignment of memory, offset and length,
 // consume() sees every extent's bytes in order, a file that ends early is an error naming the file and the
-// extent, and a file system that refuses O_DIRECT gets the same bytes through the page cache. Checkpoint-level loads with
-// direct reads on and off are compared in checkpoint_test.
+// extent, and a file system that refuses O_DIRECT gets the same bytes through the page cache. Checkpoint-level
+// loads with direct reads on and off are compared in checkpoint_test.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -45,15 +45,19 @@ struct AlignedBuf {
 
 // Reads `extents` of `path` and checks every byte against `file`, and that consume() saw each extent's bytes
 // exactly once, in order. Returns read_extents_direct's answer (O_DIRECT used).
-bool read_and_check(const std::string& path, std::vector<FileExtent> extents, const std::vector<char>& file) {
+bool read_and_check(const std::string& path, std::vector<FileExtent> extents, const std::vector<char>& file,
+                    ckpt::RefuseDirect refuse = ckpt::RefuseDirect::kNo) {
   std::vector<uint64_t> seen(extents.size(), 0);
   size_t last = 0;
-  const bool direct = ckpt::read_extents_direct(path, extents, [&](size_t e, const char* data, size_t n) {
-    EXPECT_GE(e, last) << "extents out of order";
-    last = e;
-    EXPECT_EQ(data, extents[e].dst + seen[e]) << "pieces of extent " << e << " out of order";
-    seen[e] += n;
-  });
+  const bool direct = ckpt::read_extents_direct(
+      path, extents,
+      [&](size_t e, const char* data, size_t n) {
+        EXPECT_GE(e, last) << "extents out of order";
+        last = e;
+        EXPECT_EQ(data, extents[e].dst + seen[e]) << "pieces of extent " << e << " out of order";
+        seen[e] += n;
+      },
+      refuse);
   for (size_t e = 0; e < extents.size(); ++e) {
     EXPECT_EQ(seen[e], extents[e].n) << extents[e].what;
     EXPECT_EQ(std::memcmp(extents[e].dst, file.data() + extents[e].offset, extents[e].n), 0) << extents[e].what;
@@ -87,15 +91,7 @@ TEST(DirectRead, RefusedDirectIoFallsBackToThePageCache) {
   const std::string path = write_file(test::scratch_dir("direct_read_refused"), file);
   for (auto refuse : {ckpt::RefuseDirect::kAtOpen, ckpt::RefuseDirect::kAtFirstRead}) {
     AlignedBuf mem(40u << 20);
-    std::vector<uint64_t> seen(4, 0);
-    auto extents = mixed_extents(mem);
-    const bool direct = ckpt::read_extents_direct(
-        path, extents, [&](size_t e, const char*, size_t n) { seen[e] += n; }, refuse);
-    EXPECT_FALSE(direct) << "refused at " << static_cast<int>(refuse);
-    for (size_t e = 0; e < extents.size(); ++e) {
-      EXPECT_EQ(seen[e], extents[e].n) << extents[e].what;
-      EXPECT_EQ(std::memcmp(extents[e].dst, file.data() + extents[e].offset, extents[e].n), 0) << extents[e].what;
-    }
+    EXPECT_FALSE(read_and_check(path, mixed_extents(mem), file, refuse)) << "refused at " << static_cast<int>(refuse);
   }
 }
 

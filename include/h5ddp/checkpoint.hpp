@@ -85,7 +85,7 @@ struct LoadOptions {
   // one page cache and disk, every rank reading was as fast or faster than share + exchange at 1-4 ranks.
   // Share + exchange cuts file-system reads N-fold, which should win on a parallel FS across many nodes.
   LoadStrategy strategy = LoadStrategy::kEveryRankReads;
-  // Every-rank-reads only: read the tensors' bytes with O_DIRECT (around the page cache), two reads in flight,
+  // Every-rank-reads only: read the tensors' bytes with O_DIRECT (around the page cache), four reads in flight,
   // checksums computed while the next bytes arrive. kAuto: on when this rank is the only rank of `comm` on its
   // host (ranks on one host share the page cache, so there the file is read from storage once, not once per
   // rank); H5DDP_DIRECT_IO=0 or 1 in the environment overrides kAuto. Falls back to the page cache where the

@@ -47,7 +47,7 @@ struct Options {
   bool folk_load_all = true;
   // Seconds between evicting a file and loading it. 0 loads at once; a resume comes seconds after the memory
   // was freed, which on a VM that hands free memory back to its host (free page reporting) matters: see
-  // docs/BENCHMARKS.md "Loads a few seconds after the eviction".
+  // docs/BENCHMARKS.md "Direct reads".
   double settle = 0;
   int tensors = 48;  // a third model weights, two thirds Adam state (exp_avg, exp_avg_sq)
   std::string methods = "h5ddp,raw,raw_direct,folk";
@@ -225,13 +225,12 @@ class Bench {
   // Each rank writes (reads) its contiguous share of the arena with collective MPI-IO; reads then
   // broadcast every share so that every rank holds the whole state, as a checkpoint load must.
   void raw_io(const std::string& path, bool write) {
-    const int n = comm_.size(), r = comm_.rank();
-    auto share = [&](int k) { return std::pair<size_t, size_t>(bytes_ * k / n, bytes_ * (k + 1) / n); };
     MPI_File fh;
     H5DDP_CHECK_MPI(MPI_File_open(comm_.handle(), path.c_str(),
                                   write ? (MPI_MODE_CREATE | MPI_MODE_WRONLY) : MPI_MODE_RDONLY, MPI_INFO_NULL, &fh));
-    const auto [b, e] = share(r);
-    const size_t rounds = (share(0).second - share(0).first + kChunk) / kChunk;  // same on every rank
+    const auto [b, e] = share(comm_.rank());
+    size_t rounds = 0;  // the same on every rank: enough for the largest share
+    for (int k = 0; k < comm_.size(); ++k) rounds = std::max(rounds, (share(k).second - share(k).first + kChunk) / kChunk);
     for (size_t i = 0; i < rounds; ++i) {
       const size_t off = std::min(e, b + i * kChunk), len = std::min(kChunk, e - off);
       if (write)
@@ -241,21 +240,17 @@ class Bench {
     }
     if (write && o_.fsync) H5DDP_CHECK_MPI(MPI_File_sync(fh));
     H5DDP_CHECK_MPI(MPI_File_close(&fh));
-    if (!write)
-      for (int k = 0; k < n; ++k) comm_.broadcast(arena_.get() + share(k).first, share(k).second - share(k).first, DType::kU8, k);
+    if (!write) broadcast_shares();
   }
 
   // The same reads as raw_io's load with the technique h5ddp's load uses where a rank is alone on its host:
   // O_DIRECT, kDirectReads preads of 16 MiB in flight, straight into the (page-aligned) arena; no checksums.
-  // Shares are cut at 4 KiB boundaries (O_DIRECT alignment), then broadcast as in raw_io.
   void raw_direct_read(const std::string& path) {
     constexpr int kDirectReads = 2;
-    constexpr size_t kPiece = 16u << 20, kBlock = 4096;
-    const int n = comm_.size();
-    auto edge = [&](int k) { return bytes_ * k / n / kBlock * kBlock; };
+    constexpr size_t kPiece = 16u << 20;
     const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
     if (fd < 0) throw Error(path + ": O_DIRECT open failed");
-    const size_t b = edge(comm_.rank()), e = comm_.rank() + 1 == n ? bytes_ : edge(comm_.rank() + 1);
+    const auto [b, e] = share(comm_.rank());
     std::atomic<size_t> next{b};
     std::atomic<bool> failed{false};
     auto work = [&] {
@@ -269,10 +264,20 @@ class Bench {
     for (auto& t : readers) t.join();
     ::close(fd);
     if (failed) throw Error(path + ": O_DIRECT read failed");
-    for (int k = 0; k < n; ++k) {
-      const size_t kb = edge(k), ke = k + 1 == n ? bytes_ : edge(k + 1);
-      comm_.broadcast(arena_.get() + kb, ke - kb, DType::kU8, k);
-    }
+    broadcast_shares();
+  }
+
+  // Rank k's contiguous share [first, second) of the arena for the raw methods, cut at 4 KiB boundaries (the
+  // O_DIRECT alignment; the arena and its size are multiples of 4 KiB).
+  std::pair<size_t, size_t> share(int k) const {
+    const size_t n = static_cast<size_t>(comm_.size()), block = 4096;
+    auto edge = [&](size_t i) { return i == n ? bytes_ : bytes_ * i / n / block * block; };
+    return {edge(static_cast<size_t>(k)), edge(static_cast<size_t>(k) + 1)};
+  }
+  // After a raw load: every rank broadcasts its share, so that every rank holds the whole state.
+  void broadcast_shares() {
+    for (int k = 0; k < comm_.size(); ++k)
+      comm_.broadcast(arena_.get() + share(k).first, share(k).second - share(k).first, DType::kU8, k);
   }
 
   c10::Dict<std::string, torch::Tensor> as_dict() {
