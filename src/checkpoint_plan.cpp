@@ -153,8 +153,8 @@ void add_rng_datasets(Comm& comm, SavePlan& plan, const TrainState& state) {
       seen_sizes += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + "=" + std::to_string(all_sizes[2 * r + which]);
     }
     if (!same)
-      throw DisagreementError(std::string("ranks disagree on the size of their ") + (which ? "CUDA" : "CPU") +
-                              " generator state: " + seen_sizes);
+      throw_agreed(DisagreementError(std::string("ranks disagree on the size of their ") +
+                                     (which ? "CUDA" : "CPU") + " generator state: " + seen_sizes));
   }
   for (int which = 0; which < 2; ++which) {
     const auto& mine = which ? state.rng.cuda : state.rng.cpu;
@@ -221,8 +221,8 @@ void throw_if_any(Comm& comm, const std::string& local_error, bool mismatch) {
   if (first == std::numeric_limits<int32_t>::max()) return;
   std::string msg = comm.broadcast_string(local_error, first);
   if (first != comm.rank()) msg = "rank " + std::to_string(first) + " failed: " + msg;
-  if (mismatch) throw CheckpointMismatchError(msg);
-  throw CheckpointError(msg);
+  if (mismatch) throw_agreed(CheckpointMismatchError(msg));
+  throw_agreed(CheckpointError(msg));
 }
 
 MPI_Comm mpi_comm_of(Comm& comm) {

@@ -27,6 +27,11 @@ std::string check_openable(const std::string& path) {
   if (!std::filesystem::exists(path, ec)) return path + ": no such file";
   if (!std::filesystem::is_regular_file(path, ec)) return path + ": not a regular file";
   if (!h5::is_hdf5_file(path)) return path + ": not an HDF5 file (no HDF5 signature)";
+  const auto size = std::filesystem::file_size(path, ec);
+  const auto end = h5::stored_end_of_file(path);
+  if (!ec && end && size < *end)
+    return path + ": file truncated: it has " + std::to_string(size) + " bytes, its HDF5 superblock says " +
+           std::to_string(*end) + " (a copy or a write that did not finish?)";
   return "";
 }
 
@@ -104,12 +109,22 @@ h5::Handle open_checkpoint(Comm* comm, const std::string& path) {
   } else if (!error.empty()) {
     throw CheckpointError(error);
   }
-  h5::Handle f = with_context("opening " + path, [&] {
+  h5::Handle f;
+  error = capture_error([&] {
     h5::Handle fapl = comm ? h5::mpio_file_access(mpi_comm_of(*comm)) : h5::serial_file_access();
     h5::SilenceErrors quiet;
-    return h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl));
+    const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);
+    if (id < 0) {
+      const std::string why = h5::innermost_error_text();
+      H5Eclear2(H5E_DEFAULT);
+      throw CheckpointError(path + ": cannot be opened as an HDF5 file, damaged or truncated" +
+                            (why.empty() ? std::string() : " (HDF5: " + why + ")"));
+    }
+    f = h5::Handle(id, H5Fclose);
+    check_format(f, path);  // collective metadata reads: every rank sees the same answer
   });
-  check_format(f, path);  // collective metadata reads: every rank sees the same answer
+  if (comm) throw_if_any(*comm, error);
+  else if (!error.empty()) throw CheckpointError(error);
   return f;
 }
 

@@ -46,8 +46,8 @@ void agree_on_plan(Comm& comm, const ckpt::SavePlan& plan) {
     for (int r = 0; r < world; ++r)
       seen += "\n    rank " + std::to_string(r) + ": " + std::to_string(all[2 * r + 1]) + " datasets, structure hash " +
               std::to_string(all[2 * r]);
-    throw DisagreementError("ranks disagree on the checkpoint's datasets (names, dtypes, shapes) or attributes; "
-                            "no file written:" + seen);
+    throw_agreed(DisagreementError("ranks disagree on the checkpoint's datasets (names, dtypes, shapes) or "
+                                   "attributes; no file written:" + seen));
   }
   std::vector<uint64_t> lo, hi;
   for (const auto& d : plan.datasets) lo.push_back(d.tensor ? ckpt::sample_hash(d.src, d.nbytes()) : d.checksum);
@@ -58,7 +58,8 @@ void agree_on_plan(Comm& comm, const ckpt::SavePlan& plan) {
   for (size_t i = 0; i < lo.size(); ++i)
     if (lo[i] != hi[i]) differ += "\n    " + plan.datasets[i].path;
   if (!differ.empty())
-    throw DisagreementError("replicated state differs between ranks (checksums disagree); no file written:" + differ);
+    throw_agreed(DisagreementError("replicated state differs between ranks (checksums disagree); no file written:" +
+                                   differ));
 }
 
 // Which rank's hash of each dataset becomes its checksum: the rank that wrote it whole, or kEveryRank (a
@@ -94,8 +95,8 @@ void collect_checksums(Comm& comm, ckpt::SavePlan& plan, const std::vector<int>&
     plan.datasets[i].checksum = lo[i];
   }
   if (!differ.empty())
-    throw DisagreementError("replicated state differs between ranks (full checksums disagree); the partial file "
-                            "is removed and nothing is committed:" + differ);
+    throw_agreed(DisagreementError("replicated state differs between ranks (full checksums disagree); the partial file "
+                                   "is removed and nothing is committed:" + differ));
 }
 
 void write_root_attributes(hid_t f, const TrainState& state, int world) {

@@ -58,8 +58,11 @@ void Comm::raise_if_any(const std::string& local_error) {
   int32_t first = local_error.empty() ? std::numeric_limits<int32_t>::max() : rank();
   allreduce(&first, 1, DType::kI32, ReduceOp::kMin);
   if (first == std::numeric_limits<int32_t>::max()) return;
-  std::string msg = broadcast_string(local_error, first);
-  throw DisagreementError("rank " + std::to_string(first) + " reported: " + msg);
+  // The reporting rank's message already names its host and rank when it came from an h5ddp::Error.
+  DisagreementError e(Error::Untagged{}, "rank " + std::to_string(first) + " reported: " +
+                                             broadcast_string(local_error, first));
+  e.mark_agreed();
+  throw e;
 }
 
 void Comm::require_same(int64_t value, const std::string& what) {
@@ -68,7 +71,7 @@ void Comm::require_same(int64_t value, const std::string& what) {
   allgather(&value, all.data(), 1, DType::kI64);
   std::string seen;
   for (int r = 0; r < size(); ++r) seen += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + "=" + std::to_string(all[r]);
-  throw DisagreementError("ranks disagree on " + what + ": " + seen);
+  throw_agreed(DisagreementError("ranks disagree on " + what + ": " + seen));
 }
 
 std::string Comm::broadcast_string(const std::string& s, int root) {

@@ -55,6 +55,7 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
   std::string mlp_hidden = join_widths(c.model.mlp_hidden);
   std::string config_file;
   bool no_fsync = false, no_eval = false, no_final = false;
+  std::string watchdog = "auto";
 
   po::options_description general("General");
   general.add_options()
@@ -113,9 +114,10 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
       ("on-save-error", po::value(&c.on_save_error)->default_value(c.on_save_error),
        "stop | continue: a failed periodic save (disk full, I/O error) ends training with an error, or is "
        "reported and retried at the next trigger; the final save and a signal's save always stop")
-      ("watchdog-seconds", po::value(&c.watchdog_seconds)->default_value(c.watchdog_seconds),
+      ("watchdog-seconds", po::value(&watchdog)->default_value(watchdog),
        "abort the whole job (MPI_Abort, exit code 70) with a message naming host, rank and operation when a "
-       "step's collectives or a save stall longer than T seconds (0 = off; a save gets 10x T)")
+       "step's collectives or a save stall: T seconds for a step, 10x T for a save; auto = 20x the slowest step "
+       "and 10x the slowest save so far, at least 300 s and 900 s; 0 = off")
       ("no-fsync", po::bool_switch(&no_fsync), "do not fsync checkpoint files (faster, not crash-safe)")
       ("verify-replicas", po::bool_switch(&c.verify_replicas), "on every save, every rank hashes every tensor in "
        "full and the hashes must agree (default: a sampled comparison; each tensor hashed by the rank writing it)")
@@ -177,7 +179,16 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
     require(c.keep_every >= 0, "keep-every", c.keep_every, "must be >= 0");
     require(c.on_save_error == "stop" || c.on_save_error == "continue", "on-save-error", c.on_save_error,
             "must be stop | continue");
-    require(c.watchdog_seconds >= 0, "watchdog-seconds", c.watchdog_seconds, "must be >= 0");
+    if (watchdog != "auto") {
+      size_t used = 0;
+      try {
+        c.watchdog_seconds = std::stod(watchdog, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      require(used == watchdog.size() && used > 0 && c.watchdog_seconds >= 0, "watchdog-seconds", watchdog,
+              "must be auto, 0 (off) or a number of seconds");
+    }
     require(c.step_sleep_ms >= 0, "step-sleep-ms", c.step_sleep_ms, "must be >= 0");
     require(!c.resume.empty(), "resume", c.resume, "must be auto, none or a checkpoint path");
     require(c.progress == "auto" || c.progress == "tty" || c.progress == "lines", "progress", c.progress,

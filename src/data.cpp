@@ -29,6 +29,16 @@ GzFile open_gz(const std::string& path) {
   return GzFile(f);
 }
 
+// "<what><path>: <zlib's message> (...)" for a failed gzread. zlib reads ahead (1 MiB buffers), so a failed
+// CRC-32 or length check may surface at any read, not only at the last one.
+std::string gz_problem(const char* what, gzFile f, const std::string& path) {
+  int errnum = 0;
+  std::string msg = gzerror(f, &errnum);
+  if (msg.rfind(path + ": ", 0) == 0) msg.erase(0, path.size() + 2);  // zlib prefixes the path
+  return what + path + ": " + (msg.empty() ? "zlib error" : msg) +
+         " (the file's deflate data, or gzip's CRC-32 and length check, is wrong)";
+}
+
 // Reads exactly n bytes or throws DataError naming the file and what was being read.
 void read_exact(gzFile f, void* dst, size_t n, const std::string& path, const char* what) {
   auto* p = static_cast<unsigned char*>(dst);
@@ -36,17 +46,33 @@ void read_exact(gzFile f, void* dst, size_t n, const std::string& path, const ch
   while (done < n) {
     const unsigned chunk = static_cast<unsigned>(std::min<size_t>(n - done, 1u << 30));
     const int got = gzread(f, p + done, chunk);
-    if (got < 0) {
-      int errnum = 0;
-      const char* msg = gzerror(f, &errnum);
-      throw DataError("corrupt data file " + path + " while reading " + what + ": " + (msg ? msg : "zlib error"));
-    }
+    if (got < 0) throw DataError(gz_problem("corrupt data file ", f, path));
     if (got == 0) {
       throw DataError("truncated data file " + path + ": " + what + " needs " + std::to_string(n) +
                       " bytes, got " + std::to_string(done));
     }
     done += static_cast<size_t>(got);
   }
+}
+
+// After the last byte the header accounts for: the stream must end there, and gzip's own check (CRC-32 and
+// length of the inflated data) must pass; zlib verifies it only when a read reaches the end of the stream.
+void expect_end(gzFile f, const std::string& path, const std::string& what) {
+  unsigned char extra[4096];
+  uint64_t more = 0;
+  for (;;) {
+    const int got = gzread(f, extra, sizeof extra);
+    if (got < 0) throw DataError(gz_problem("corrupt data file ", f, path));
+    if (got == 0) break;
+    more += static_cast<uint64_t>(got);
+  }
+  // gzread reports a stream cut short (no CRC-32 and length trailer) as an end of file; gzerror tells.
+  int errnum = Z_OK;
+  gzerror(f, &errnum);
+  if (errnum != Z_OK) throw DataError(gz_problem("truncated data file ", f, path));
+  if (more > 0)
+    throw DataError("corrupt data file " + path + ": " + std::to_string(more) + " bytes follow the " + what +
+                    " its header accounts for");
 }
 
 uint32_t read_be32(gzFile f, const std::string& path, const char* what) {
@@ -84,6 +110,7 @@ ImageDataset read_idx_dataset(const std::string& images_path, const std::string&
     ds.cols = cols;
     raw.resize(size_t(n) * rows * cols);
     read_exact(f.get(), raw.data(), raw.size(), images_path, "pixels");
+    expect_end(f.get(), images_path, std::to_string(n) + " images");
   }
   ds.images.resize(raw.size());
   const float scale = 1.0f / (255.0f * norm.std), shift = norm.mean / norm.std;
@@ -100,6 +127,7 @@ ImageDataset read_idx_dataset(const std::string& images_path, const std::string&
                     " has " + std::to_string(ds.count) + " images");
   std::vector<unsigned char> lab(n);
   read_exact(f.get(), lab.data(), lab.size(), labels_path, "labels");
+  expect_end(f.get(), labels_path, std::to_string(n) + " labels");
   ds.labels.resize(n);
   for (size_t i = 0; i < lab.size(); ++i) {
     if (lab[i] > 9)

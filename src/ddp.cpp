@@ -196,8 +196,9 @@ void DistributedDataParallel::check_same_model() {
       if (first < 0) first = r;
     }
   const std::string detail = comm_.broadcast_string(diff, first < 0 ? 0 : first);
-  throw DisagreementError("DistributedDataParallel: ranks built different models (rank " + ranks +
-                          " differ from rank 0); first difference on rank " + std::to_string(first) + ": " + detail);
+  throw_agreed(DisagreementError("DistributedDataParallel: ranks built different models (rank " + ranks +
+                                 " differ from rank 0); first difference on rank " + std::to_string(first) + ": " +
+                                 detail));
 }
 
 Comm& DistributedDataParallel::comm_for(const torch::Device& device) const {

@@ -53,6 +53,25 @@ std::string error_stack_text() {
   return out;
 }
 
+std::string innermost_error_text() {
+  struct Last {
+    std::string text;
+  } last;
+  hid_t stack = H5Eget_current_stack();
+  if (stack < 0) return "";
+  H5Ewalk2(
+      stack, H5E_WALK_DOWNWARD,
+      [](unsigned, const H5E_error2_t* e, void* client) -> herr_t {
+        char min[128] = "?";
+        H5Eget_msg(e->min_num, nullptr, min, sizeof(min));
+        static_cast<Last*>(client)->text = std::string(min) + (e->desc && *e->desc ? ": " + std::string(e->desc) : "");
+        return 0;
+      },
+      &last);
+  H5Eclose_stack(stack);
+  return last.text;
+}
+
 Handle::~Handle() {
   if (id_ >= 0 && closer_) {
     SilenceErrors quiet;
@@ -324,6 +343,41 @@ std::vector<std::string> attr_names(hid_t loc) {
 bool is_hdf5_file(const std::string& path) {
   SilenceErrors quiet;
   return H5Fis_hdf5(path.c_str()) > 0;
+}
+
+std::optional<uint64_t> stored_end_of_file(const std::string& path) {
+  // The superblock sits at 0, 512, 1024, 2048, ... (a user block may precede it); its layout is in the HDF5
+  // file format specification, section II.A. Addresses are little-endian, `size of offsets` bytes wide.
+  static const unsigned char kSignature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  in.seekg(0, std::ios::end);
+  const uint64_t size = static_cast<uint64_t>(in.tellg());
+  for (uint64_t at = 0; at < size; at = at == 0 ? 512 : at * 2) {
+    unsigned char b[96] = {0};
+    in.clear();
+    in.seekg(static_cast<std::streamoff>(at));
+    in.read(reinterpret_cast<char*>(b), sizeof b);
+    const auto got = static_cast<size_t>(in.gcount());
+    if (got < 8 || std::memcmp(b, kSignature, 8) != 0) continue;
+    const unsigned version = b[8];
+    size_t offsets_at = 0, addr_at = 0;  // where `size of offsets` is, where the base address starts
+    if (version == 0) offsets_at = 13, addr_at = 24;
+    else if (version == 1) offsets_at = 13, addr_at = 28;
+    else if (version == 2 || version == 3) offsets_at = 9, addr_at = 12;
+    else return std::nullopt;
+    const unsigned width = b[offsets_at];
+    if (width != 2 && width != 4 && width != 8) return std::nullopt;
+    auto address = [&](size_t i) {  // i-th address after addr_at
+      uint64_t v = 0;
+      for (unsigned k = 0; k < width; ++k) v |= uint64_t(b[addr_at + i * width + k]) << (8 * k);
+      return v;
+    };
+    if (addr_at + 3 * width > got) return std::nullopt;
+    // v0/v1: base, free-space info, end of file; v2/v3: base, superblock extension, end of file.
+    return address(0) + address(2);
+  }
+  return std::nullopt;
 }
 
 }  // namespace h5

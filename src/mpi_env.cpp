@@ -99,3 +99,29 @@ void die_with_exception(const std::exception& e, int exit_code) {
 }
 
 }  // namespace h5ddp
+
+namespace h5ddp {
+
+int exit_code_for(const std::exception& e, const char* program, int exit_code) {
+  const auto* err = dynamic_cast<const Error*>(&e);
+  if (!err || !err->agreed()) die_with_exception(e, exit_code);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+    std::fflush(stderr);
+  }
+  std::fflush(stdout);
+  // Every rank leaves after rank 0 has written its message: a launcher that ends the job at the first
+  // non-zero exit cannot cut rank 0 off before it spoke.
+  if (MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) MpiEnv::abort(exit_code);
+  return exit_code;
+}
+
+bool first_process_of_job() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
+    if (const char* v = std::getenv(var)) return std::string(v) == "0";
+  return true;
+}
+
+}  // namespace h5ddp

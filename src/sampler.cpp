@@ -39,17 +39,21 @@ std::vector<int64_t> shuffled_indices(int64_t n, uint64_t seed, int64_t epoch) {
   return p;
 }
 
-DistributedSampler::DistributedSampler(int64_t num_samples, int64_t global_batch, uint64_t seed, int world_size,
-                                       int rank)
-    : num_samples_(num_samples), global_batch_(global_batch), seed_(seed), world_size_(world_size), rank_(rank) {
-  if (world_size <= 0 || rank < 0 || rank >= world_size)
-    throw ConfigError("sampler: rank " + std::to_string(rank) + " not in a world of " + std::to_string(world_size));
+void check_global_batch(int64_t global_batch, int world_size) {
   if (global_batch <= 0)
     throw ConfigError("--batch-size must be positive (it is the GLOBAL batch over all ranks), got " +
                       std::to_string(global_batch));
   if (global_batch % world_size != 0)
     throw ConfigError("--batch-size " + std::to_string(global_batch) + " (global) is not divisible by the " +
                       std::to_string(world_size) + " ranks; use a multiple of " + std::to_string(world_size));
+}
+
+DistributedSampler::DistributedSampler(int64_t num_samples, int64_t global_batch, uint64_t seed, int world_size,
+                                       int rank)
+    : num_samples_(num_samples), global_batch_(global_batch), seed_(seed), world_size_(world_size), rank_(rank) {
+  if (world_size <= 0 || rank < 0 || rank >= world_size)
+    throw ConfigError("sampler: rank " + std::to_string(rank) + " not in a world of " + std::to_string(world_size));
+  check_global_batch(global_batch, world_size);
   if (global_batch > num_samples)
     throw ConfigError("--batch-size " + std::to_string(global_batch) + " exceeds the " + std::to_string(num_samples) +
                       " training samples");

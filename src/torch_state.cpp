@@ -34,12 +34,6 @@ torch::ScalarType to_scalar_type(DType t) {
 
 namespace {
 
-std::string shape_string(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 // Optimizer state keys of each optimizer type, in a fixed order (PyTorch's names).
 const std::vector<std::string>& tensor_state_keys(const std::string& type) {
   static const std::vector<std::string> adam = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
@@ -175,6 +169,8 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
   state.optimizer.state.clear();
   state.optimizer.type = type_;
   steps_.reserve(entries.size());
+  // An entry that fits no parameter or no state of this optimizer gets no destination: load_checkpoint then
+  // lists it with every other difference between the file and the model in one CheckpointMismatchError.
   for (const auto& e : entries) {
     const auto slash = e.name.rfind('/');
     if (slash == std::string::npos) throw CheckpointError("optimizer state entry '" + e.name + "' has no '/<key>'");
@@ -182,7 +178,7 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
     const torch::Tensor* param = nullptr;
     for (const auto& [n, t] : params_)
       if (n == pname) param = &t;
-    if (!param) throw CheckpointMismatchError("optimizer state '" + e.name + "' names no parameter of the model");
+    if (!param || (key == "step" && type_ == "sgd")) continue;
 
     auto& slot = optimizer_.state()[state_key(*param)];
     if (!slot) {
@@ -190,10 +186,7 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
       else if (type_ == "adam") slot = std::make_unique<torch::optim::AdamParamState>();
       else slot = std::make_unique<torch::optim::AdamWParamState>();
     }
-    if (key == "step") {
-      if (type_ == "sgd") throw CheckpointMismatchError("optimizer state '" + e.name + "': SGD has no step counter");
-      if (e.dtype != DType::kI64 || !e.shape.empty())
-        throw CheckpointError("optimizer state '" + e.name + "' should be a scalar int64");
+    if (key == "step") {  // a step of another dtype or shape shows up in load_checkpoint's list
       steps_.push_back(0);
       step_params_.push_back(pname);
       state.optimizer.state.push_back(TensorRef{e.name, DType::kI64, {}, &steps_.back()});
@@ -204,11 +197,9 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
       dst = &static_cast<torch::optim::SGDParamState&>(*slot).momentum_buffer();
     else if (type_ != "sgd")
       dst = adam_tensor(*slot, type_, key);
-    if (!dst)
-      throw CheckpointMismatchError("optimizer state '" + e.name + "': '" + key + "' is not a state of " + type_);
-    if (e.shape != param->sizes().vec())
-      throw CheckpointMismatchError("optimizer state '" + e.name + "' has shape " + shape_string(e.shape) +
-                            " but parameter " + pname + " has " + shape_string(param->sizes().vec()));
+    if (!dst) continue;
+    // The destination has the parameter's shape (what this model needs); a file entry of another shape is a
+    // difference load_checkpoint reports.
     *dst = torch::zeros(param->sizes(), param->options().dtype(to_scalar_type(e.dtype)));
     state.optimizer.state.push_back(view(e.name, *dst));
   }

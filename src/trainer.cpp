@@ -162,6 +162,8 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
   {
     std::string err;
     try {
+      // The global batch the run will use: the checkpoint's, unless --batch-size is given (or nothing resumes).
+      if (config.batch_size_set || config.resume == "none") check_global_batch(config.batch_size, world);
       validate_environment(config);
     } catch (const std::exception& e) {
       err = e.what();
@@ -283,6 +285,17 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
                      (exact_all ? "" : "; ranks beyond the saved world size got derived RNG streams") + ")");
   }
 
+  {
+    std::string bad_batch;  // the checkpoint's global batch at another world size (the same verdict everywhere)
+    try {
+      check_global_batch(data.global_batch, world);
+    } catch (const Error& e) {
+      bad_batch = std::string(e.what()) + (resume_path ? " (the global batch of " + *resume_path +
+                                                             "; pass --batch-size to change it)"
+                                                       : "");
+    }
+    comm.raise_if_any(bad_batch);
+  }
   DistributedSampler sampler(train_set.count, data.global_batch, data.seed, world, rank);
   const int64_t planned = sampler.steps_per_epoch() * config.epochs;
   const int64_t total_steps = config.max_steps > 0 ? std::min(config.max_steps, planned) : planned;
@@ -355,13 +368,20 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
       report_or_throw(e, final_save);
     }
   };
-  // --watchdog-seconds: a stalled step or save aborts the job with a message instead of hanging it.
-  Watchdog watchdog(config.watchdog_seconds);
-  auto watch = [&](const char* what, double factor = 1) {
-    return watchdog.enabled()
-               ? watchdog.guard(std::string(what) + " at step " + std::to_string(counters.step + 1),
-                                factor * config.watchdog_seconds)
-               : Watchdog::Guard();
+  // --watchdog-seconds: a stalled step or save aborts the job with a message instead of hanging it. auto (the
+  // default): 20x the slowest step and 10x the slowest save this process has seen, with generous floors
+  // (H5DDP_WATCHDOG_FLOOR_SECONDS lowers the step floor, and the save floor to 3x it, for tests).
+  const bool auto_watchdog = config.watchdog_seconds < 0;
+  const char* floor_env = std::getenv("H5DDP_WATCHDOG_FLOOR_SECONDS");
+  const double step_floor = floor_env ? std::max(0.1, std::atof(floor_env)) : kAutoWatchdogStepFloor;
+  AutoLimit step_limit(step_floor, 20), save_limit(floor_env ? 3 * step_floor : kAutoWatchdogSaveFloor, 10);
+  Watchdog watchdog(auto_watchdog ? step_floor : config.watchdog_seconds);
+  enum class Watched { kStep, kSave };
+  auto watch = [&](const char* what, Watched kind) {
+    if (!watchdog.enabled()) return Watchdog::Guard();
+    const double limit = auto_watchdog ? (kind == Watched::kStep ? step_limit : save_limit).seconds()
+                                       : (kind == Watched::kStep ? 1 : 10) * config.watchdog_seconds;
+    return watchdog.guard(std::string(what) + " at step " + std::to_string(counters.step + 1), limit);
   };
 
   Progress progress(root, config.progress, total_steps, config.log_every);
@@ -372,7 +392,8 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
   model->train();
 
   while (counters.step < total_steps && data.epoch < config.epochs) {
-    auto step_guard = watch("training step (forward/backward, gradient allreduce, step agreement)");
+    const auto step_start = Clock::now();
+    auto step_guard = watch("training step (forward/backward, gradient allreduce, step agreement)", Watched::kStep);
     const auto indices = sampler.local_indices(data.epoch, data.position);
     auto [x, y] = gather(train_images, train_labels, indices);
     set_lr(*optimizer, schedule.lr_at(counters.step));
@@ -415,14 +436,17 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
       report_or_throw(e, false);
     }
     step_guard.release();
+    step_limit.observe(seconds_since(step_start));
     if (step_due || agree[3] > 0 || stop_code != 0) {
-      auto save_guard = watch("checkpoint save", 10);
+      const auto save_start = Clock::now();
+      auto save_guard = watch("checkpoint save", Watched::kSave);
       save_or_report(stop_code != 0);
       last_save_time = Clock::now();
+      save_limit.observe(seconds_since(save_start));
     }
     if (stop_code != 0) break;
     if (config.step_sleep_ms > 0) {  // stands for compute in tests: watched like the step it stands for
-      auto sleep_guard = watch("step sleep (--step-sleep-ms)");
+      auto sleep_guard = watch("step sleep (--step-sleep-ms)", Watched::kStep);
       std::this_thread::sleep_for(std::chrono::milliseconds(config.step_sleep_ms));
     }
   }
@@ -445,7 +469,7 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
   }
 
   if (async) {  // the periodic save in flight first: if it failed, the final save below redoes it
-    auto save_guard = watch("wait for the background checkpoint save", 10);
+    auto save_guard = watch("wait for the background checkpoint save", Watched::kSave);
     try {
       const SaveResult r = async->wait();
       if (!r.path.empty()) result.last_checkpoint = r.path;
@@ -455,7 +479,7 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
     }
   }
   if (config.final_checkpoint && last_saved_step != counters.step) {
-    auto save_guard = watch("final checkpoint save", 10);
+    auto save_guard = watch("final checkpoint save", Watched::kSave);
     save_or_report(true);
   }
   if (config.evaluate) result.test_accuracy = evaluate(*model, test_set, comm);

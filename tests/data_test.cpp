@@ -81,6 +81,70 @@ TEST(Data, CorruptGzipIsADataError) {
   expect_data_error([&] { read_idx_dataset(kDir + "/t10k-images-idx3-ubyte.gz", bad); }, bad, "");
 }
 
+// gzip-compresses `data` (zlib's gzip wrapper: header, deflate, CRC-32 and length trailer).
+std::vector<char> gzip(const std::vector<char>& data) {
+  z_stream z{};
+  EXPECT_EQ(deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  std::vector<char> out(deflateBound(&z, data.size()) + 64);
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  z.avail_in = static_cast<uInt>(data.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return out;
+}
+
+// A gzip stream that inflates to more than the header's counts need: the reader used to stop after the
+// pixels it wanted and train on the file without ever reaching gzip's CRC check (issue 23, finding 1).
+TEST(Data, GzipLongerThanItsHeaderIsRefused) {
+  const std::string dir = test::scratch_dir("data");
+  const std::vector<char> images = {0, 0, 8, 3, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 2, 0, 127, 0, 127};
+  const std::vector<char> labels = {0, 0, 8, 1, 0, 0, 0, 1, 7};
+  const std::string img = dir + "/img.gz", lab = dir + "/lab.gz";
+  auto gz = gzip(images);
+  write_all(img, gz.data(), gz.size());
+  gz = gzip(labels);
+  write_all(lab, gz.data(), gz.size());
+  EXPECT_NO_THROW(read_idx_dataset(img, lab));
+
+  std::vector<char> longer = images;
+  longer.insert(longer.end(), {1, 2, 3});
+  gz = gzip(longer);
+  write_all(img, gz.data(), gz.size());
+  expect_data_error([&] { read_idx_dataset(img, lab); }, img, "3 bytes follow the 1 images");
+
+  std::vector<char> more_labels = labels;
+  more_labels.push_back(3);
+  gz = gzip(images);
+  write_all(img, gz.data(), gz.size());
+  gz = gzip(more_labels);
+  write_all(lab, gz.data(), gz.size());
+  expect_data_error([&] { read_idx_dataset(img, lab); }, lab, "1 bytes follow the 1 labels");
+}
+
+// The CRC-32 or the length in gzip's trailer does not match the inflated bytes; or the trailer is missing.
+TEST(Data, GzipWhoseCheckFailsIsRefused) {
+  const std::string dir = test::scratch_dir("data");
+  const std::vector<char> images = {0, 0, 8, 3, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 2, 0, 127, 0, 127};
+  const std::vector<char> labels = {0, 0, 8, 1, 0, 0, 0, 1, 7};
+  const std::string img = dir + "/img.gz", lab = dir + "/lab.gz";
+  const auto gz_labels = gzip(labels);
+  write_all(lab, gz_labels.data(), gz_labels.size());
+  const auto good = gzip(images);
+  for (size_t back : {8u, 4u}) {  // a byte of the CRC-32, a byte of the length
+    auto bad = good;
+    bad[bad.size() - back] = char(bad[bad.size() - back] ^ 0x01);
+    write_all(img, bad.data(), bad.size());
+    expect_data_error([&] { read_idx_dataset(img, lab); }, img, "corrupt data file");
+  }
+  write_all(img, good.data(), good.size() - 8);  // no trailer at all
+  expect_data_error([&] { read_idx_dataset(img, lab); }, img, "truncated data file");
+  // The real files pass (their CRCs are right).
+  EXPECT_NO_THROW(read_idx_dataset(kDir + "/t10k-images-idx3-ubyte.gz", kDir + "/t10k-labels-idx1-ubyte.gz"));
+}
+
 TEST(Data, WrongMagicAndMismatchedCounts) {
   const std::string dir = test::scratch_dir("data");
   // Plain (not gzipped) IDX files: gzread reads them transparently.

@@ -37,5 +37,7 @@ if(TARGET h5ddp-train AND TARGET h5ddp-ckpt)
   h5ddp_add_fault_test(corrupt.np2 2 600 ${H5DDP_FAULTS_PY}/corrupt_test.py 2)
   h5ddp_add_fault_test(diskfull.np2 2 400 ${H5DDP_FAULTS_PY}/diskfull_test.py 2)
   h5ddp_add_fault_test(rundir.np2 2 300 ${H5DDP_FAULTS_PY}/rundir_test.py 2)
+  # Issue 23: bad inputs through the public commands (exit code, one line, no abort report, nothing lost).
+  h5ddp_add_fault_test(bad_input.np2 2 900 ${H5DDP_FAULTS_PY}/bad_input_test.py 2)
   set_tests_properties(faults_diskfull.np2 faults_rundir.np2 PROPERTIES RUN_SERIAL ON)
 endif()

@@ -4,9 +4,13 @@
 
 #include <cstring>
 
+#include <filesystem>
+
+#include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/models.hpp"
 #include "h5ddp/torch_state.hpp"
+#include "test_util.hpp"
 
 namespace h5ddp {
 namespace {
@@ -113,20 +117,60 @@ TEST_P(Binding, ImportIntoFreshObjectsContinuesBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, Binding, testing::Values("adam", "adamw", "sgd"));
 
-TEST(BindingErrors, UnknownParameterOrKeyOrShape) {
+// prepare_import gives no destination to entries that fit no parameter or state of this optimizer, and the
+// parameter's shape to the others, so that load_checkpoint can list every difference at once.
+TEST(BindingErrors, ForeignEntriesGetNoDestinationAndShapesAreTheModels) {
   auto m = make_model(ModelSpec{"mlp", 0.0, {8}});
   auto opt = make_opt("adam", *m);
   TorchStateBinding bind(*m, *opt, "adam");
   TrainState st;
-  EXPECT_THROW(bind.prepare_import({TensorRef{"nope.weight/exp_avg", DType::kF32, {8, 784}, nullptr}}, st),
-               CheckpointError);
-  EXPECT_THROW(bind.prepare_import({TensorRef{"fc1.weight/momentum_buffer", DType::kF32, {8, 784}, nullptr}}, st),
-               CheckpointError);
-  EXPECT_THROW(bind.prepare_import({TensorRef{"fc1.weight/exp_avg", DType::kF32, {784, 8}, nullptr}}, st),
-               CheckpointError);
+  bind.prepare_import({TensorRef{"nope.weight/exp_avg", DType::kF32, {8, 784}, nullptr},
+                       TensorRef{"fc1.weight/momentum_buffer", DType::kF32, {8, 784}, nullptr},
+                       TensorRef{"fc1.weight/exp_avg", DType::kF32, {784, 8}, nullptr}},
+                      st);
+  ASSERT_EQ(st.optimizer.state.size(), 1u);
+  EXPECT_EQ(st.optimizer.state[0].name, "fc1.weight/exp_avg");
+  EXPECT_EQ(st.optimizer.state[0].shape, (std::vector<int64_t>{8, 784}));
   // exp_avg without exp_avg_sq would crash Adam later: rejected when the import finishes.
-  bind.prepare_import({TensorRef{"fc1.weight/exp_avg", DType::kF32, {8, 784}, nullptr}}, st);
   EXPECT_THROW(bind.finish_import(), CheckpointError);
+}
+
+// Issue 23, finding 3: a checkpoint of an MLP 64,64 loaded into the CNN. The error names every difference:
+// the CNN's tensors the file lacks, the file's tensors the CNN lacks, the shapes that differ, in the model and
+// in the optimizer state (it used to stop at the first optimizer entry of another shape).
+TEST(BindingErrors, AnotherModelsCheckpointListsEveryDifference) {
+  auto& comm = test::world();
+  const std::string dir = test::scratch_dir("binding-mismatch");
+  auto mlp = make_model(ModelSpec{"mlp", 0.0, {64, 64}});
+  auto mlp_opt = make_opt("adam", *mlp);
+  train_steps(*mlp, *mlp_opt, 1, 0);
+  TorchStateBinding saver(*mlp, *mlp_opt, "adam");
+  TrainState saved;
+  saver.export_state(saved);
+  const SaveResult r = save_checkpoint(comm, saved, dir);
+
+  auto cnn = make_model(ModelSpec{"cnn", 0.0, {}});
+  auto cnn_opt = make_opt("adam", *cnn);
+  TorchStateBinding loader(*cnn, *cnn_opt, "adam");
+  const CheckpointManifest manifest = read_manifest(comm, r.path);
+  std::vector<TensorRef> entries;
+  for (const auto& t : manifest.optimizer_state) entries.push_back(TensorRef{t.name, t.dtype, t.shape, nullptr});
+  TrainState dst;
+  loader.prepare_import(entries, dst);
+  std::string msg;
+  try {
+    load_checkpoint(comm, r.path, dst);
+    ADD_FAILURE() << "an MLP checkpoint loaded into the CNN";
+  } catch (const CheckpointMismatchError& e) {
+    msg = e.what();
+  }
+  for (const char* what : {"missing in file: /model/conv1.weight", "missing in file: /model/conv2.bias",
+                           "not in the model: /model/fc3.weight", "/model/fc1.weight: expected",
+                           "/model/fc1.bias: expected", "/optimizer/state/fc1.bias/exp_avg: expected",
+                           "not in the optimizer state: /optimizer/state/fc3.weight/exp_avg", r.path.c_str()})
+    EXPECT_NE(msg.find(what), std::string::npos) << "'" << what << "' not in:\n" << msg;
+  comm.barrier();
+  if (comm.rank() == 0) std::filesystem::remove_all(dir);
 }
 
 TEST(Rng, CaptureRestoreAndElasticRows) {

@@ -162,7 +162,10 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     // Errors are agreed across ranks (raise_if_any) before they surface, so every rank gets here; a lone
     // process just reports and exits 1.
-    if (comm && comm->size() > 1) h5ddp::die_with_exception(e);
+    if (comm && comm->size() > 1) {
+      comm.reset();
+      return h5ddp::exit_code_for(e, ("h5ddp-ckpt " + command).c_str());
+    }
     std::fprintf(stderr, "h5ddp-ckpt %s: %s\n", command.c_str(), e.what());
     return 1;
   }

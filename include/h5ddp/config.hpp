@@ -42,7 +42,10 @@ struct TrainConfig {
   bool async_checkpoint = false;   // write checkpoints on a background thread (blocks only for a copy)
   std::string on_save_error = "stop";  // stop | continue: a failed periodic save ends training, or is
                                        // reported and retried at the next trigger (final saves always stop)
-  double watchdog_seconds = 0;     // > 0: MPI_Abort with a message when a step or save stalls this long
+  // MPI_Abort (exit 70) with a message when a step or a save stalls: > 0 a step gets this many seconds and a
+  // save 10 times as many; 0 off; kWatchdogAuto (the default) limits from measured step and save times.
+  static constexpr double kWatchdogAuto = -1;
+  double watchdog_seconds = kWatchdogAuto;
   std::string resume = "auto";     // auto | none | <checkpoint path>
   std::string init_from;           // weights-only initialisation from a checkpoint
   int threads = 1;                 // torch intra-op threads per rank

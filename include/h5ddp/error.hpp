@@ -12,12 +12,22 @@ namespace h5ddp {
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& message);
+  // For a message that already names where it came from (one rank's error re-raised on every rank):
+  // no "[host rank r/N]" of this process is added.
+  struct Untagged {};
+  Error(Untagged, const std::string& message);
   const char* what() const noexcept override { return message_.c_str(); }
   // Appends "\n  while <context>" to the message; used by callers that rethrow with `throw;`.
   void add_context(const std::string& context);
+  // True when every rank of the communicator raised this error together, after agreeing on it
+  // (Comm::raise_if_any, the checkpoint layer's agreement): every rank knows it, so a tool may print it
+  // once and leave through MPI_Finalize instead of ending the job with MPI_Abort.
+  bool agreed() const noexcept { return agreed_; }
+  void mark_agreed() noexcept { agreed_ = true; }
 
  private:
   std::string message_;
+  bool agreed_ = false;
 };
 
 class MpiError : public Error { using Error::Error; };        // an MPI call failed
@@ -43,6 +53,14 @@ void set_process_identity(const std::string& host, int rank, int size);
 [[noreturn]] void throw_nccl_error(int code, const char* expr, const char* file, int line);  // CUDA builds
 [[noreturn]] void throw_check_failed(const char* expr, const std::string& message, const char* file, int line);
 }  // namespace detail
+
+// Throws `e` marked agreed (Error::agreed): for an error that every rank raises together because a
+// collective decided it (the same verdict on every rank).
+template <class E>
+[[noreturn]] void throw_agreed(E e) {
+  e.mark_agreed();
+  throw e;
+}
 
 // Runs f(); if it throws an h5ddp::Error, appends `context` and rethrows the same exception.
 template <class F>

@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,9 @@ class SilenceErrors {
 
 // The current HDF5 error stack as "major: minor (function)" lines, innermost last; clears it.
 std::string error_stack_text();
+// The innermost entry of the current HDF5 error stack ("minor: description", e.g. "truncated file: eof = ...");
+// "" when the stack is empty. Leaves the stack as it is.
+std::string innermost_error_text();
 
 // ---- property lists ----
 struct MpioOptions {
@@ -116,5 +120,10 @@ std::vector<std::string> attr_names(hid_t loc);
 
 // True when `path` exists and starts with the HDF5 signature (H5Fis_hdf5 without its error noise).
 bool is_hdf5_file(const std::string& path);
+
+// Where the file's HDF5 superblock says its data ends (base address + end-of-file address, in bytes), read
+// from the superblock (versions 0-3) without opening the file through HDF5; std::nullopt when there is no
+// readable superblock. A file shorter than this was cut short (a copy or write that did not finish).
+std::optional<uint64_t> stored_end_of_file(const std::string& path);
 
 }  // namespace h5ddp::h5

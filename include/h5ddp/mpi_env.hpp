@@ -49,4 +49,15 @@ class MpiEnv {
 // to use when MPI is not running.
 [[noreturn]] void die_with_exception(const std::exception& e, int exit_code = 1);
 
+// For a tool's main while MpiEnv is alive, on every rank that caught `e`. An h5ddp::Error every rank raised
+// together (Error::agreed) is printed once, by rank 0 ("<program>: error: <message>"), and every rank returns
+// `exit_code` after a barrier on MPI_COMM_WORLD, so the job ends through MPI_Finalize without Open MPI's
+// MPI_ABORT report. Anything else may be known to this rank alone: die_with_exception (MPI_Abort).
+int exit_code_for(const std::exception& e, const char* program, int exit_code = 1);
+
+// For a tool's main before MPI starts, when every process reached the same verdict on its command line (bad
+// options, --help): true on the one process that should print it (the job's rank 0 as the launcher's
+// environment tells: Open MPI, PMIx, Slurm; every process when none says).
+bool first_process_of_job();
+
 }  // namespace h5ddp

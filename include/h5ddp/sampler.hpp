@@ -31,6 +31,10 @@ uint64_t mix_seed(uint64_t a, uint64_t b);
 // Local. The permutation of [0, n) for (seed, epoch).
 std::vector<int64_t> shuffled_indices(int64_t n, uint64_t seed, int64_t epoch);
 
+// Local. Throws ConfigError unless global_batch is positive and divisible by world_size (each rank takes
+// global_batch / world_size samples a step). Needs no data: callers check it before any I/O.
+void check_global_batch(int64_t global_batch, int world_size);
+
 class DistributedSampler {
  public:
   // Local. Throws ConfigError if global_batch <= 0, global_batch % world_size != 0, global_batch > num_samples,

@@ -29,7 +29,9 @@ class TorchStateBinding {
   // Local. Prepares `state` as the destination of a load: state.model views the model's parameters
   // and buffers; for each entry of `optimizer_entries` (name "<param>/<key>", dtype, shape, as read
   // from a checkpoint's manifest; data ignored) the optimizer's state is allocated and viewed.
-  // Throws CheckpointError on an unknown parameter or state key, or a shape mismatch.
+  // An entry naming no parameter of the model or no state of this optimizer gets no destination, and one of
+  // another shape gets a destination of the parameter's shape: load_checkpoint then reports every such
+  // difference, with those of the model, in one CheckpointMismatchError.
   void prepare_import(const std::vector<TensorRef>& optimizer_entries, TrainState& state);
 
   // Local. After the load filled the views: writes staged and scalar values back into the model and

@@ -86,4 +86,22 @@ class Watchdog {
   std::thread thread_;
 };
 
+// h5ddp-train's automatic watchdog (--watchdog-seconds auto): the least a step and a save get.
+constexpr double kAutoWatchdogStepFloor = 300;
+constexpr double kAutoWatchdogSaveFloor = 900;
+
+// The automatic limit of an operation that repeats (a training step, a save): `factor` times the slowest one
+// seen so far, never below `floor` (the limit before anything was measured, and the allowance for a slow
+// moment: a busy machine, a cold file system). Pure; each rank keeps its own.
+class AutoLimit {
+ public:
+  AutoLimit(double floor_seconds, double factor) : floor_(floor_seconds), factor_(factor) {}
+  void observe(double seconds) { slowest_ = seconds > slowest_ ? seconds : slowest_; }
+  double seconds() const { return factor_ * slowest_ > floor_ ? factor_ * slowest_ : floor_; }
+  double slowest() const { return slowest_; }
+
+ private:
+  double floor_, factor_, slowest_ = 0;
+};
+
 }  // namespace h5ddp
