@@ -38,9 +38,11 @@ void write_latest(const std::string& run_dir, const std::string& file_name, bool
     if (!out) throw CheckpointError("cannot write " + tmp.string());
   }
   if (fsync) fsync_path(tmp.string(), false);
+  maybe_inject_fault("latest_written", 0);  // only rank 0 moves `latest`
   std::error_code ec;
   fs::rename(tmp, latest, ec);
   if (ec) throw CheckpointError("cannot rename " + tmp.string() + " to " + latest.string() + ": " + ec.message());
+  maybe_inject_fault("latest_renamed", 0);
   if (fsync) fsync_path(run_dir, true);
 }
 
@@ -84,6 +86,7 @@ void apply_retention(const std::string& run_dir, const SaveOptions& options, con
     if (keep) continue;
     fs::remove(ckpts[i].second, ec);
     if (ec) log::warn("retention: cannot remove " + ckpts[i].second.string() + ": " + ec.message());
+    maybe_inject_fault("mid_retention", 0);  // only rank 0 applies retention
   }
 }
 
