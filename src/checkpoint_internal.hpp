@@ -165,8 +165,10 @@ std::string capture_error(F&& f) {
 // comm spans the world in the same rank order. Throws ConfigError otherwise.
 MPI_Comm mpi_comm_of(Comm& comm);
 
-// Test-only hook (issue 9): H5DDP_FAULT_INJECT=<phase>:<rank|all> raises SIGKILL on the named rank(s)
-// when the save reaches `phase` (before_data, mid_data, before_rename, before_latest).
+// Test-only hook (issues 9, 23): H5DDP_FAULT_INJECT=<phase>:<rank|all>, armed by H5DDP_TEST_HOOKS=1, raises
+// SIGKILL on the named rank(s) when the save reaches `phase`: before_data, mid_data, before_rename,
+// before_latest; on rank 0 only: latest_written (latest.tmp written and fsynced, not renamed), latest_renamed
+// (renamed, directory not fsynced), mid_retention (after each checkpoint retention removed).
 void maybe_inject_fault(const char* phase, int rank);
 
 // Opens a checkpoint for reading: collectively with MPI-IO (comm != nullptr) or by this process alone.

@@ -242,9 +242,18 @@ MPI_Comm mpi_comm_of(Comm& comm) {
 }
 
 void maybe_inject_fault(const char* phase, int rank) {
+  // Armed only with H5DDP_TEST_HOOKS=1 as well, so a stray H5DDP_FAULT_INJECT in a production environment
+  // (a copied job script, an exported shell variable) cannot kill a real run: it is ignored with a warning.
   static const std::string spec = [] {
     const char* e = std::getenv("H5DDP_FAULT_INJECT");
-    return std::string(e ? e : "");
+    if (e == nullptr || *e == '\0') return std::string();
+    const char* armed = std::getenv("H5DDP_TEST_HOOKS");
+    if (armed == nullptr || std::string(armed) != "1") {
+      log::warn(std::string("ignoring H5DDP_FAULT_INJECT=") + e +
+                ": a test-only hook, armed only with H5DDP_TEST_HOOKS=1");
+      return std::string();
+    }
+    return std::string(e);
   }();
   if (spec.empty()) return;
   const size_t colon = spec.find(':');

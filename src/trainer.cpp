@@ -259,6 +259,8 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
     resume_path = config.resume;
     st = load_from(*resume_path, true);
   }
+  // A later --resume auto takes the highest step in the run dir: say which files of an older run would shadow.
+  if (config.resume == "none") warn_of_checkpoints_in_fresh_run_dir(comm, config.run_dir);
   if (!resume_path && !config.init_from.empty()) {
     load_from(config.init_from, false);
     optimizer->state().clear();

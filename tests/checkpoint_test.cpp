@@ -358,6 +358,55 @@ TEST(Checkpoint, ResumeFallsBackWhenLatestIsMissingOrCorrupt) {
   world.barrier();
 }
 
+// Issue 23 (finding 12): the rename is the commit point. A kill after it and before `latest` moves leaves the
+// newest complete file unnamed by `latest`: resume takes it all the same, highest step first.
+TEST(Checkpoint, ResumeTakesTheHighestStepWhateverLatestSays) {
+  auto& world = test::world();
+  const std::string dir = test::scratch_dir("resume-newest");
+  SaveOptions opt;
+  opt.fsync = false;
+  std::vector<std::string> paths;
+  for (int step : {10, 20, 30}) {
+    OwnedState s(7, world.rank());
+    s.state.counters.step = step;
+    paths.push_back(save_checkpoint(world, s.state, dir, opt).path);
+  }
+  auto set_latest = [&](const std::string& text) {
+    if (world.rank() == 0) std::ofstream(dir + "/latest", std::ios::trunc) << text;
+    world.barrier();
+  };
+  set_latest("ckpt-00000020.h5\n");  // as after a kill between the rename of ckpt-30 and the move of latest
+  ResumeCandidates c = list_resume_candidates(world, dir);
+  EXPECT_EQ(c.paths, (std::vector<std::string>{paths[2], paths[1], paths[0]}));
+  EXPECT_EQ(c.latest_index, 1);
+  EXPECT_EQ(find_resume_checkpoint(world, dir), paths[2]);
+  // A damaged newest file falls back to the next one down.
+  corrupt_dataset(paths[2], "/model/conv1.weight");
+  EXPECT_EQ(find_resume_checkpoint(world, dir), paths[1]);
+  // `latest` naming a partial file (never written by h5ddp; garbage) is ignored, never tried.
+  if (world.rank() == 0) fs::copy_file(paths[1], paths[1] + ".partial");
+  set_latest("ckpt-00000020.h5.partial\n");
+  c = list_resume_candidates(world, dir);
+  EXPECT_EQ(c.latest_index, -1);
+  EXPECT_EQ(c.paths, (std::vector<std::string>{paths[2], paths[1], paths[0]}));
+  // A file whose name carries no step (SaveOptions::name) comes first when `latest` names it.
+  opt.name = "final.h5";
+  {
+    OwnedState s(7, world.rank());
+    s.state.counters.step = 5;
+    save_checkpoint(world, s.state, dir, opt);
+  }
+  c = list_resume_candidates(world, dir);
+  EXPECT_EQ(c.latest_index, 0);
+  ASSERT_EQ(c.paths.size(), 4u);
+  EXPECT_EQ(c.paths[0], dir + "/final.h5");
+  // A fresh run in this directory is told which files a later resume would take over its own.
+  const std::vector<std::string> older = warn_of_checkpoints_in_fresh_run_dir(world, dir);
+  EXPECT_EQ(older, (std::vector<std::string>{paths[2], paths[1], paths[0]}));
+  EXPECT_TRUE(warn_of_checkpoints_in_fresh_run_dir(world, dir + "/missing").empty());
+  world.barrier();
+}
+
 TEST(Checkpoint, ClearErrorsForFilesThatAreNotCheckpoints) {
   auto& world = test::world();
   const std::string dir = test::scratch_dir("notckpt");

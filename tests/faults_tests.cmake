@@ -21,7 +21,8 @@ if(TARGET h5ddp_io)
 endif()
 
 # ---- end-to-end fault tests through h5ddp-train and h5ddp-ckpt (tests/faults/*.py) ----------------------
-# The full SIGKILL matrix (4 save phases x one rank / all ranks) runs at 2 ranks; 1 and 4 ranks and the
+# The full SIGKILL matrix (4 save phases x one rank / all ranks, 2 phases inside the `latest` update and one
+# between retention's removals, on rank 0) runs at 2 ranks; 1 and 4 ranks and the
 # asynchronous save run a few cases, so the label stays a few minutes on a 2-core machine.
 if(TARGET h5ddp-train AND TARGET h5ddp-ckpt)
   function(h5ddp_add_fault_test name np timeout)
@@ -30,10 +31,14 @@ if(TARGET h5ddp-train AND TARGET h5ddp-ckpt)
     set_tests_properties(faults_${name} PROPERTIES SKIP_RETURN_CODE 77)
   endfunction()
   h5ddp_add_fault_test(kill.np2 2 900 ${H5DDP_FAULTS_PY}/kill_test.py 2)
-  h5ddp_add_fault_test(kill.np1 1 300 ${H5DDP_FAULTS_PY}/kill_test.py 1 --cases mid_data:all,before_latest:all)
+  h5ddp_add_fault_test(kill.np1 1 300 ${H5DDP_FAULTS_PY}/kill_test.py 1
+    --cases mid_data:all,before_latest:all,latest_written:all)
   h5ddp_add_fault_test(kill.np4 4 400 ${H5DDP_FAULTS_PY}/kill_test.py 4 --cases mid_data:3,before_rename:all)
   h5ddp_add_fault_test(kill_async.np2 2 300 ${H5DDP_FAULTS_PY}/kill_test.py 2 --async-checkpoint
     --cases mid_data:all,before_rename:1)
+  # Issue 23: the order of a save's fsyncs and renames, traced with strace (SKIP without strace or ptrace).
+  h5ddp_add_fault_test(durability.np1 1 300 ${H5DDP_FAULTS_PY}/durability_test.py 1)
+  h5ddp_add_fault_test(durability.np2 2 300 ${H5DDP_FAULTS_PY}/durability_test.py 2)
   h5ddp_add_fault_test(corrupt.np2 2 600 ${H5DDP_FAULTS_PY}/corrupt_test.py 2)
   h5ddp_add_fault_test(diskfull.np2 2 400 ${H5DDP_FAULTS_PY}/diskfull_test.py 2)
   h5ddp_add_fault_test(rundir.np2 2 300 ${H5DDP_FAULTS_PY}/rundir_test.py 2)

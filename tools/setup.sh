@@ -17,6 +17,7 @@ packages=(
   dataset-fashion-mnist
   python3-torch python3-h5py
   slurm-wlm munge
+  strace
 )
 
 missing=()

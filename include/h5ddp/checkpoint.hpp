@@ -102,28 +102,38 @@ struct LoadOptions {
 // On error, the refs' memory may have been partly overwritten.
 void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, const LoadOptions& options = {});
 
-// Collective, the same list on every rank. The checkpoints an automatic resume tries, in order: the file
-// `latest` names (latest_first), then every other ckpt-<step>.h5 from the highest step down. Nothing is
-// opened or verified: the trainer loads the first one that loads (load_checkpoint verifies as it reads), so a
-// resume reads the checkpoint once.
+// Collective, the same list on every rank. The checkpoints an automatic resume tries, in order: every
+// ckpt-<step>.h5 of run_dir from the highest step down (never a *.partial). The rename of <name>.partial to
+// <name> is the commit point (docs/FORMAT.md), so the newest complete file comes first even when a kill
+// left `latest` naming an older one; `latest` is a pointer for people and tools. A file `latest` names
+// whose name carries no step (SaveOptions::name) comes first; latest_index is the position of the file
+// `latest` names (-1: none). Nothing is opened or verified: the trainer loads the first one that loads
+// (load_checkpoint verifies as it reads), so a resume reads the checkpoint once.
 struct ResumeCandidates {
   std::vector<std::string> paths;
-  bool latest_first = false;
+  int latest_index = -1;
 };
 ResumeCandidates list_resume_candidates(Comm& comm, const std::string& run_dir);
 
 // Collective. Calls attempt(path) on every rank for each candidate of list_resume_candidates in turn until one
 // returns; returns that path, std::nullopt when none did (rank 0 warns with what was wrong with each file
-// skipped). An h5ddp::Error from attempt is damage and moves on to the next candidate: it must be raised on
-// every rank together, as the checkpoint calls do. CheckpointMismatchError (another model) and
-// DisagreementError (e.g. another optimizer) propagate: an older file of the run would not match either.
+// skipped, and notes a resume from a file newer than the one `latest` names). An h5ddp::Error from attempt is
+// damage and moves on to the next candidate: it must be raised on every rank together, as the checkpoint
+// calls do. CheckpointMismatchError (another model) and DisagreementError (e.g. another optimizer) propagate:
+// an older file of the run would not match either.
 std::optional<std::string> resume_newest(Comm& comm, const std::string& run_dir,
                                          const std::function<void(const std::string& path)>& attempt);
 
-// Collective. Newest checkpoint in run_dir that verifies: `latest` first, else the newest valid ckpt-*.h5 with
-// a warning naming what was wrong; std::nullopt when there is none (a fresh run must not fail). Checksums are
-// verified in parallel (each rank hashes a share of the datasets).
+// Collective. The newest checkpoint in run_dir that verifies in full: the highest ckpt-<step>.h5, else the
+// next one down with a warning naming what was wrong (the order of list_resume_candidates);
+// std::nullopt when there is none (a fresh run must not fail). Checksums are verified in parallel (each rank
+// hashes a share of the datasets).
 std::optional<std::string> find_resume_checkpoint(Comm& comm, const std::string& run_dir);
+
+// Collective. For a run that starts fresh in run_dir (--resume none): the ckpt-<step>.h5 files already there
+// (the same list on every rank), which a later automatic resume would take while their step is higher than
+// the new run's newest save. Rank 0 warns, naming them, when there are any.
+std::vector<std::string> warn_of_checkpoints_in_fresh_run_dir(Comm& comm, const std::string& run_dir);
 
 // Collective. Full verification of one file (structure + every checksum), datasets shared among ranks.
 // Returns the problems found (empty = valid), the same list on every rank.

@@ -10,15 +10,15 @@ import faultlib as fl
 STEP_TIMEOUT = 90  # one h5ddp-train launch (seconds); a hang fails the test
 
 
-def train_args(run_dir, max_steps, every=2, extra=(), hidden=32):
+def train_args(run_dir, max_steps, every=2, extra=(), hidden=32, keep_last=0):
     return [fl.tool("h5ddp-train"), "--run-dir", run_dir, "--model", "mlp", "--mlp-hidden", str(hidden),
             "--dropout", "0.1", "--batch-size", "64", "--max-steps", str(max_steps),
-            "--checkpoint-every-steps", str(every), "--keep-last", "0", "--no-eval", "--threads", "1",
+            "--checkpoint-every-steps", str(every), "--keep-last", str(keep_last), "--no-eval", "--threads", "1",
             "--log-every", "1"] + list(extra)
 
 
-def train(np, run_dir, max_steps, every=2, extra=(), env=None, timeout=STEP_TIMEOUT):
-    return fl.mpirun(np, train_args(run_dir, max_steps, every, extra), timeout, env)
+def train(np, run_dir, max_steps, every=2, extra=(), env=None, timeout=STEP_TIMEOUT, keep_last=0):
+    return fl.mpirun(np, train_args(run_dir, max_steps, every, extra, keep_last=keep_last), timeout, env)
 
 
 def resumed_from(result):

@@ -17,7 +17,8 @@ wait "$JOB_PID" || rc=$?
 JOB_PID=""
 echo "job ended $((SECONDS - t0)) s after the kill, exit code $rc"
 [ "$rc" -ne 0 ] || fail "job reported success although a rank was killed"
-last=$(cat "$WORK/k/latest")
+# The newest committed checkpoint (highest step: the rename is the commit point, `latest` may lag it by a save).
+last=$(cd "$WORK/k" && ls ckpt-*.h5 | sort | tail -n 1)
 [ ! -f "$WORK/k/ckpt-00000012.h5" ] || fail "the run finished before the kill"
 run_train "$np" "$WORK/k2.log" "${args[@]}" || { cat "$WORK/k2.log"; fail "restart failed"; }
 grep -q "resumed from .*$last" "$WORK/k2.log" || { cat "$WORK/k2.log"; fail "restart did not resume from $last"; }
