@@ -130,7 +130,7 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
       "h5ddp-train: data-parallel training of LibTorch models on MPI, with parallel-HDF5 checkpoints.\n"
       "Usage: mpirun -np N h5ddp-train [options]\n"
       "Exit codes: 0 done, 75 saved after SIGUSR1/SIGTERM (requeue me), 130 saved after SIGINT, 1 error,\n"
-      "2 bad options.\n";
+      "2 bad options, 70 a step or save stalled (watchdog, --watchdog-seconds).\n";
   po::options_description all;
   all.add(general).add(model).add(train).add(ckpt);
 

@@ -240,6 +240,20 @@ def test_unknown_model_option():
                         "unknown model")
 
 
+def test_bad_option_reported_when_rank0_starts_last():
+    """Finding 5: whichever rank exits first, the error reaches the terminal. Rank 0 starts 3 s after rank 1
+    (MPMD: a shell sleeps, then execs the trainer); before the fix rank 1 exited 2 at once and mpirun killed rank
+    0 before it printed."""
+    args = train_cmd(os.path.join(work(), "run-opt"), "--model", "resnet")
+    quoted = " ".join("'" + a + "'" for a in args)
+    cmd = [fl.MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "1", "sh", "-c", f"sleep 3; exec {quoted}",
+           ":", "-np", "1"] + args
+    r = fl.run(cmd, LIMIT)
+    fl.check(r.rc == 2, f"exit code {r.rc}, expected 2: {r}")
+    fl.check(r.text.count("unknown model") == 1, f"'unknown model' printed {r.text.count('unknown model')} times: {r}")
+    return f"{r.seconds:.1f}s"
+
+
 def test_unknown_option():
     return expect_error(train_cmd(os.path.join(work(), "run-opt"), "--lerning-rate", "1"), NP, 2, "lerning-rate",
                         "unrecognised option")
@@ -274,7 +288,8 @@ TESTS = [test_data_longer_than_header, test_data_crc_mismatch, test_data_truncat
          test_truncated_checkpoint_resume, test_truncated_checkpoint_verify, test_not_hdf5_resume,
          test_empty_checkpoint_info, test_flipped_bytes_resume, test_other_model_resume_lists_differences,
          test_other_model_init_from_lists_differences, test_other_optimizer_resume, test_missing_checkpoint_resume,
-         test_bad_batch_refused_before_loading, test_unknown_model_option, test_unknown_option,
+         test_bad_batch_refused_before_loading, test_unknown_model_option,
+         test_bad_option_reported_when_rank0_starts_last, test_unknown_option,
          test_missing_config_file, test_run_dir_is_a_file, test_ckpt_tool_missing_file, test_ckpt_import_garbage]
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ for opt in config data-dir run-dir threads seed model dropout mlp-hidden epochs 
   resume init-from; do
   grep -q -- "--$opt" <<<"$help" || fail "--help does not document --$opt"
 done
-grep -q "75" <<<"$help" || fail "--help does not document exit code 75"
+for code in "75 saved" "130 saved" "1 error" "2 bad options" "70 a step or save stalled"; do
+  grep -q -- "$code" <<<"$help" || fail "--help does not document exit code '$code'"
+done
 grep -q "(=120)" <<<"$help" || fail "--help does not show defaults"
 
 # expect_error NP PATTERN ARGS...: the run fails (non-zero) within the timeout and says PATTERN.
