@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
-# SIGUSR1 delivered to ONE rank only (not through mpirun): all ranks agree at the next step boundary,
-# every rank writes its share of one checkpoint, and the job exits 75 ("requeue me"). A rerun resumes.
-#   signal_one_rank.sh NP
+# A stop signal delivered to ONE rank only (not through mpirun): all ranks agree at the next step boundary,
+# every rank writes its share of one checkpoint, and the job exits 75 ("requeue me") after SIGUSR1 or
+# SIGTERM, 130 ("interrupted") after SIGINT, with the stop message. A rerun resumes from that checkpoint.
+#   signal_one_rank.sh NP [USR1|TERM|INT]      (default USR1)
 source "$(dirname "$0")/lib.sh"
 np=$1
+sig=${2:-USR1}
+case "$sig" in
+  USR1 | TERM) code=75 why="requeue me" ;;
+  INT) code=130 why="interrupted" ;;
+  *) fail "unknown signal $sig" ;;
+esac
 args=(--max-steps 1000 --run-dir "$WORK/r")
 start_train "$np" "$WORK/s.log" "${args[@]}" --step-sleep-ms 100
 wait_for 90 grep -q "^step 3/" "$WORK/s.log"
 target=$(rank_pids "$JOB_PID" | tail -n 1)
 [ -n "$target" ] || fail "no rank process found under mpirun $JOB_PID"
-kill -USR1 "$target"
+kill -"$sig" "$target"
 rc=0
 timeout 60 tail --pid="$JOB_PID" -f /dev/null || fail "job did not end within 60 s of the signal"
 wait "$JOB_PID" || rc=$?
 JOB_PID=""
-[ "$rc" -eq 75 ] || { cat "$WORK/s.log"; fail "exit code $rc, expected 75"; }
+[ "$rc" -eq "$code" ] || { cat "$WORK/s.log"; fail "SIG$sig: exit code $rc, expected $code"; }
 ckpt=$(cat "$WORK/r/latest") || fail "no checkpoint after the signal"
-grep -q "stopped by a signal at step .*saved .*$ckpt.*exit code 75" "$WORK/s.log" || { cat "$WORK/s.log"; fail "no stop message"; }
+grep -q "stopped by a signal at step .*saved .*$ckpt.*exit code $code ($why)" "$WORK/s.log" ||
+  { cat "$WORK/s.log"; fail "no stop message"; }
 "$PY" - "$WORK/r/$ckpt" "$np" <<'PYEOF'
 import sys, h5py
 with h5py.File(sys.argv[1], "r") as f:
@@ -29,4 +37,4 @@ PYEOF
 step=$(echo "$ckpt" | sed 's/ckpt-0*\([0-9]*\)\.h5/\1/')
 run_train "$np" "$WORK/s2.log" --max-steps $((step + 2)) --run-dir "$WORK/r" || { cat "$WORK/s2.log"; fail "rerun failed"; }
 grep -q "resumed from .*$ckpt at step $step" "$WORK/s2.log" || { cat "$WORK/s2.log"; fail "rerun did not resume"; }
-echo "PASS: SIGUSR1 to one of $np ranks saved at step $step and exited 75"
+echo "PASS: SIG$sig to one of $np ranks saved at step $step and exited $code"
