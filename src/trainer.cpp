@@ -299,7 +299,13 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
     comm.raise_if_any(bad_batch);
   }
   DistributedSampler sampler(train_set.count, data.global_batch, data.seed, world, rank);
-  const int64_t planned = sampler.steps_per_epoch() * config.epochs;
+  // The steps to the end of the last epoch, counted from where the data position is: after a resume with another
+  // --batch-size the steps already taken were of another size (equal to steps_per_epoch() * epochs otherwise).
+  const int64_t planned = counters.step +
+                          (data.epoch < config.epochs
+                               ? (train_set.count - data.position) / data.global_batch +
+                                     sampler.steps_per_epoch() * (config.epochs - data.epoch - 1)
+                               : 0);
   const int64_t total_steps = config.max_steps > 0 ? std::min(config.max_steps, planned) : planned;
   LrSchedule schedule;
   schedule.type = config.lr_schedule;
@@ -372,9 +378,11 @@ TrainResult run_training(const TrainConfig& config, Comm& comm) {
   };
   // --watchdog-seconds: a stalled step or save aborts the job with a message instead of hanging it. auto (the
   // default): 20x the slowest step and 10x the slowest save this process has seen, with generous floors
-  // (H5DDP_WATCHDOG_FLOOR_SECONDS lowers the step floor, and the save floor to 3x it, for tests).
+  // (tests: H5DDP_WATCHDOG_FLOOR_SECONDS sets the step floor, and the save floor to 3x it; a test-only hook,
+  // armed only with H5DDP_TEST_HOOKS=1, so a stray variable cannot abort a real run).
   const bool auto_watchdog = config.watchdog_seconds < 0;
-  const char* floor_env = std::getenv("H5DDP_WATCHDOG_FLOOR_SECONDS");
+  const char* hooks = std::getenv("H5DDP_TEST_HOOKS");
+  const char* floor_env = hooks && std::string(hooks) == "1" ? std::getenv("H5DDP_WATCHDOG_FLOOR_SECONDS") : nullptr;
   const double step_floor = floor_env ? std::max(0.1, std::atof(floor_env)) : kAutoWatchdogStepFloor;
   AutoLimit step_limit(step_floor, 20), save_limit(floor_env ? 3 * step_floor : kAutoWatchdogSaveFloor, 10);
   Watchdog watchdog(auto_watchdog ? step_floor : config.watchdog_seconds);

@@ -664,7 +664,7 @@ def test_watchdog_default_fires():
     Catches: the automatic watchdog off by default, the floor variable ignored, the sleep not watched."""
     d = scratch("watchdog-default")
     r = train(d, "--max-steps", 3, "--no-final-checkpoint", "--step-sleep-ms", 60000,
-              env={"H5DDP_WATCHDOG_FLOOR_SECONDS": "3"}, expect_rc=None, timeout=170)
+              env={"H5DDP_WATCHDOG_FLOOR_SECONDS": "3", "H5DDP_TEST_HOOKS": "1"}, expect_rc=None, timeout=170)
     fl.check(r.rc == 70, f"exit code {r.rc}, expected 70: {r}")
     fl.check("h5ddp: watchdog:" in r.text and "step sleep" in r.text, f"no watchdog message naming the step sleep: {r}")
     shutil.rmtree(d, ignore_errors=True)
@@ -672,13 +672,14 @@ def test_watchdog_default_fires():
 
 
 def test_watchdog_default_healthy():
-    """The automatic watchdog with the same floor (3 s) lets a healthy run of 20 steps with 10 ms sleeps and
+    """The automatic watchdog with a low floor (10 s) lets a healthy run of 20 steps with 10 ms sleeps and
     periodic saves finish: exit 0, no watchdog message.
     Catches: a limit from the fastest instead of the slowest step, a sleep or save watched with the wrong
     limit, a guard left armed across steps."""
     d = scratch("watchdog-healthy")
+    # Floor 10 s (saves 30 s): a first step or save at a load of 8 may take several seconds, never ten.
     r = train(d, "--max-steps", 20, "--step-sleep-ms", 10, "--checkpoint-every-steps", 5,
-              env={"H5DDP_WATCHDOG_FLOOR_SECONDS": "3"})
+              env={"H5DDP_WATCHDOG_FLOOR_SECONDS": "10", "H5DDP_TEST_HOOKS": "1"})
     fl.check("h5ddp: watchdog:" not in r.text, f"watchdog message in a healthy run: {r}")
     shutil.rmtree(d, ignore_errors=True)
     return f"{r.seconds:.1f} s"
