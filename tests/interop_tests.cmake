@@ -13,4 +13,10 @@ if(TARGET h5ddp-ckpt-torch AND TARGET h5ddp-ckpt AND TARGET h5ddp-train)
   h5ddp_add_interop_test(import_ddp mpi)
   h5ddp_add_interop_test(readme mpi)
   h5ddp_add_interop_test(roundtrip_errors)
+  # Damaged and hostile .pt files through `h5ddp-ckpt import` (issue 23), one test per kind of damage.
+  foreach(case deep_nesting huge_dict truncated_zip truncated_pickle bad_memo oversized_sizes valid_variants)
+    h5ddp_add_script_test(NAME interop.hostile.${case} LABELS interop TIMEOUT 300 PROCESSORS 1
+      COMMAND ${H5DDP_INTEROP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/interop/test_hostile_pickle.py --case ${case}
+              ${interop_args})
+  endforeach()
 endif()

@@ -110,7 +110,7 @@ const PyValue& find_state_dict(const std::string& path, const PyValue& top) {
   if (top.kind != PyValue::Kind::kDict)
     throw CheckpointError(path + ": holds a " + top.type_name() + ", not a state dict (a dict of tensors)");
   for (const char* key : {"model", "state_dict"}) {
-    PyPtr inner = top.get(key);
+    const PyValue* inner = top.get(key);
     if (inner && inner->kind == PyValue::Kind::kDict) return *inner;
   }
   return top;
@@ -258,24 +258,24 @@ size_t import_state_dict(Comm& comm, const ImportOptions& o) {
   // Every rank reads the (small, local) input itself: no broadcast of tensors needed.
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   agreed(comm, [&] {
-    const PyPtr top = read_torch_save(o.input);
-    const PyValue& sd = find_state_dict(o.input, *top);
+    const TorchSaveFile file = read_torch_save(o.input);
+    const PyValue& sd = find_state_dict(o.input, file.pickle.root());
     std::set<std::string> keys;
     const std::string prefix = "module.";
     for (const auto& [k, v] : sd.dict) {
       if (k->kind != PyValue::Kind::kStr)
         throw CheckpointError(o.input + ": state dict has a key of type " + k->type_name() + ", expected str");
       if (v->kind != PyValue::Kind::kTensor)
-        throw CheckpointError(o.input + ": state dict entry '" + k->s + "' is a " + v->type_name() +
+        throw CheckpointError(o.input + ": state dict entry '" + printable(k->s) + "' is a " + v->type_name() +
                               ", not a tensor");
       std::string key = k->s.rfind(prefix, 0) == 0 ? k->s.substr(prefix.size()) : k->s;
       if (!keys.insert(key).second)
-        throw CheckpointError(o.input + ": key '" + key + "' appears twice (with and without 'module.')");
-      with_context(o.input + ": state dict key '" + k->s + "'", [&] {
+        throw CheckpointError(o.input + ": key '" + printable(key) + "' appears twice (with and without 'module.')");
+      with_context(o.input + ": state dict key '" + printable(k->s) + "'", [&] {
         (void)format::model_dataset(key);  // refuses keys the format cannot store
-        (void)to_dtype(v->tensor.scalar_type());
+        (void)to_dtype(file.tensor(*v).scalar_type());
       });
-      tensors.emplace_back(key, v->tensor);
+      tensors.emplace_back(key, file.tensor(*v));
     }
     if (tensors.empty()) throw CheckpointError(o.input + ": the state dict holds no tensors");
     if (!o.model.empty()) {
