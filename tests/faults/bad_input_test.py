@@ -281,7 +281,7 @@ def test_ckpt_import_garbage():
     with open(junk, "wb") as f:
         f.write(b"PK\x03\x04" + os.urandom(300))
     out = os.path.join(work(), "junk-imported.h5")
-    return expect_error([fl.tool("h5ddp-ckpt"), "import", junk, "--to", out], 0, 1, junk, "cannot read")
+    return expect_error([fl.tool("h5ddp-ckpt"), "import", junk, "--to", out], 0, 1, junk, "damaged or truncated zip")
 
 
 TESTS = [test_data_longer_than_header, test_data_crc_mismatch, test_data_truncated, test_data_dir_missing,
