@@ -152,6 +152,7 @@ void AsyncCheckpointer::start(const TrainState& state, const std::string& run_di
   snapshot_.scheduler = state.scheduler;
   snapshot_.model = state.model;
   snapshot_.optimizer = state.optimizer;
+  snapshot_.user = state.user;
   snapshot_.rng = state.rng;
   snapshot_.rng_by_rank.clear();
   snapshot_.saved_world_size = state.saved_world_size;
@@ -162,6 +163,7 @@ void AsyncCheckpointer::start(const TrainState& state, const std::string& run_di
   std::vector<TensorRef*> refs;
   for (auto& t : snapshot_.model) refs.push_back(&t);
   for (auto& t : snapshot_.optimizer.state) refs.push_back(&t);
+  for (auto& t : snapshot_.user) refs.push_back(&t);
   size_t total = 0;
   for (TensorRef* t : refs) total += align_up(t->nbytes());
   buffers_->reserve(total);

@@ -26,7 +26,7 @@ std::string describe(DType dtype, const std::vector<int64_t>& shape) {
 
 // Every difference between the refs and the file, one line each ("" when they match exactly).
 std::string compare_refs(const std::string& what, const std::string& group, const std::vector<TensorRef>& refs,
-                         const std::vector<TensorInfo>& found, bool optimizer) {
+                         const std::vector<TensorInfo>& found) {
   std::map<std::string, const TensorInfo*> in_file;
   for (const auto& t : found) in_file[t.name] = &t;
   std::string out;
@@ -46,18 +46,17 @@ std::string compare_refs(const std::string& what, const std::string& group, cons
   }
   for (const auto& [name, t] : in_file)
     out += "\n  not in the " + what + ": " + group + "/" + name + " (" + describe(t->dtype, t->shape) + ")";
-  (void)optimizer;
   return out;
 }
 
 std::vector<DatasetPlan> load_plan(const std::vector<TensorRef>& refs, const std::vector<TensorInfo>& found,
-                                   bool optimizer) {
+                                   std::string (*dataset_path)(const std::string&)) {
   std::map<std::string, uint64_t> sums;
   for (const auto& t : found) sums[t.name] = t.checksum;
   std::vector<DatasetPlan> out;
   for (const auto& r : refs) {
     DatasetPlan d;
-    d.path = optimizer ? format::optimizer_state_dataset(r.name) : format::model_dataset(r.name);
+    d.path = dataset_path(r.name);
     d.dtype = r.dtype;
     d.shape = r.shape;
     d.dst = r.data;
@@ -315,9 +314,10 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
   CheckpointManifest m;
   ckpt::throw_if_any(comm, ckpt::capture_error([&] { m = ckpt::read_manifest_from(f, path); }));
 
-  std::string diff = compare_refs("model", format::kModelGroup, state.model, m.model, false) +
-                     compare_refs("optimizer state", format::kOptimizerStateGroup, state.optimizer.state,
-                                  m.optimizer_state, true);
+  std::string diff =
+      compare_refs("model", format::kModelGroup, state.model, m.model) +
+      compare_refs("optimizer state", format::kOptimizerStateGroup, state.optimizer.state, m.optimizer_state) +
+      compare_refs("user state", format::kUserGroup, state.user, m.user);
   if (!diff.empty()) {
     size_t n = 0;
     for (char c : diff) n += c == '\n';
@@ -327,8 +327,10 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
   ckpt::throw_if_any(comm, diff, /*mismatch=*/true);
   timer.mark("open+manifest");
 
-  std::vector<DatasetPlan> plan = load_plan(state.model, m.model, false);
-  for (auto& d : load_plan(state.optimizer.state, m.optimizer_state, true)) plan.push_back(std::move(d));
+  std::vector<DatasetPlan> plan = load_plan(state.model, m.model, format::model_dataset);
+  for (auto& d : load_plan(state.optimizer.state, m.optimizer_state, format::optimizer_state_dataset))
+    plan.push_back(std::move(d));
+  for (auto& d : load_plan(state.user, m.user, format::user_dataset)) plan.push_back(std::move(d));
   // Each dataset's checksum is verified by one rank (shares balanced by bytes). When that rank reads the whole
   // dataset itself (every-rank-reads) it hashes each piece as it reads it; otherwise (share + exchange) a
   // background thread starts on the dataset as soon as its bytes are in, so verification overlaps the reads.

@@ -115,6 +115,7 @@ void add_local_datasets(SavePlan& plan, const TrainState& state) {
   };
   for (const auto& t : state.model) add(tensor_plan(format::model_dataset(t.name), t));
   for (const auto& t : state.optimizer.state) add(tensor_plan(format::optimizer_state_dataset(t.name), t));
+  for (const auto& t : state.user) add(tensor_plan(format::user_dataset(t.name), t));
   for (size_t g = 0; g < state.optimizer.groups.size(); ++g) {
     const auto& names = state.optimizer.groups[g].params;
     if (names.empty()) continue;

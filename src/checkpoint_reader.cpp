@@ -159,11 +159,15 @@ CheckpointManifest read_manifest_from(hid_t f, const std::string& path) {
       for (const auto& key : h5::children(f, ppath))
         m.optimizer_state.push_back(tensor_info(f, ppath + "/" + key, param + "/" + key));
     }
+    if (h5::exists(f, format::kUserGroup))
+      for (const auto& key : h5::children(f, format::kUserGroup))
+        m.user.push_back(tensor_info(f, format::user_dataset(key), key));
     m.rng_cpu_bytes = static_cast<size_t>(tensor_info(f, format::kRngCpu, "cpu").shape.at(1));
     if (h5::exists(f, format::kRngCuda))
       m.rng_cuda_bytes = static_cast<size_t>(tensor_info(f, format::kRngCuda, "cuda").shape.at(1));
     for (const auto& t : m.model) m.tensor_bytes += t.nbytes();
     for (const auto& t : m.optimizer_state) m.tensor_bytes += t.nbytes();
+    for (const auto& t : m.user) m.tensor_bytes += t.nbytes();
     return m;
   });
 }
@@ -180,6 +184,7 @@ std::vector<DatasetPlan> manifest_datasets(hid_t f, const CheckpointManifest& m)
   };
   for (const auto& t : m.model) tensor(format::model_dataset(t.name), t);
   for (const auto& t : m.optimizer_state) tensor(format::optimizer_state_dataset(t.name), t);
+  for (const auto& t : m.user) tensor(format::user_dataset(t.name), t);
   for (size_t g = 0; g < m.param_groups.size(); ++g) {
     const std::string path = format::param_group_path(g) + "/" + format::kParamNamesDataset;
     if (!h5::exists(f, path)) continue;

@@ -34,7 +34,7 @@ bool allowed_group(const std::string& p) {
   static const std::set<std::string> fixed = {"/.", "/", format::kModelGroup, format::kOptimizerGroup,
                                               format::kParamGroupsGroup, format::kOptimizerStateGroup,
                                               format::kTrainGroup, format::kSchedulerGroup, format::kDataGroup,
-                                              format::kRngGroup, format::kMetaGroup};
+                                              format::kRngGroup, format::kMetaGroup, format::kUserGroup};
   if (fixed.count(p)) return true;
   auto under = [&](const std::string& g) {
     const std::string prefix = g + "/";

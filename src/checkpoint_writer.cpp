@@ -114,6 +114,7 @@ void write_groups(hid_t f, const TrainState& state) {
   for (const char* g : {format::kModelGroup, format::kOptimizerGroup, format::kParamGroupsGroup,
                         format::kOptimizerStateGroup, format::kTrainGroup, format::kDataGroup, format::kRngGroup})
     h5::create_group(f, g);
+  if (!state.user.empty()) h5::create_group(f, format::kUserGroup);
   {
     h5::Handle opt = h5::group(H5Gopen2(f, format::kOptimizerGroup, H5P_DEFAULT));
     h5::write_attr(opt, format::kAttrOptimizerType, state.optimizer.type);

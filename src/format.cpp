@@ -22,6 +22,11 @@ std::string model_dataset(const std::string& key) {
   return std::string(kModelGroup) + "/" + key;
 }
 
+std::string user_dataset(const std::string& key) {
+  check_component(key, "user state name");
+  return std::string(kUserGroup) + "/" + key;
+}
+
 std::string optimizer_state_dataset(const std::string& entry_name) {
   const size_t slash = entry_name.rfind('/');
   if (slash == std::string::npos)

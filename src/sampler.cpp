@@ -86,4 +86,12 @@ std::vector<int64_t> DistributedSampler::global_indices(int64_t epoch, int64_t p
   return std::vector<int64_t>(p.begin() + position, p.begin() + position + global_batch_);
 }
 
+bool DistributedSampler::advance(DataState& data) const {
+  data.position += global_batch_;
+  if (has_batch(data.position)) return false;
+  ++data.epoch;
+  data.position = 0;
+  return true;
+}
+
 }  // namespace h5ddp

@@ -7,6 +7,7 @@ namespace h5ddp::stop_signal {
 namespace {
 
 volatile std::sig_atomic_t g_signal = 0;
+int g_depth = 0;  // install() calls not yet matched by uninstall() (the trainer's and its Checkpointer's)
 
 extern "C" void on_signal(int sig) { g_signal = sig; }
 
@@ -21,6 +22,7 @@ void set(int sig, void (*handler)(int), int flags) {
 }  // namespace
 
 void install() {
+  if (g_depth++ > 0) return;
   g_signal = 0;
   set(SIGUSR1, on_signal, SA_RESTART);
   set(SIGTERM, on_signal, SA_RESTART | SA_RESETHAND);
@@ -28,6 +30,7 @@ void install() {
 }
 
 void uninstall() {
+  if (g_depth == 0 || --g_depth > 0) return;
   for (int sig : {SIGUSR1, SIGTERM, SIGINT}) set(sig, SIG_DFL, 0);
 }
 

@@ -8,7 +8,7 @@ set(h5ddp_train_sources
   models.cpp
   torch_state.cpp)
 if(TARGET h5ddp_io AND TARGET h5ddp_ddp)
-  list(APPEND h5ddp_train_sources trainer.cpp)
+  list(APPEND h5ddp_train_sources checkpointer.cpp trainer.cpp)
 else()
   message(WARNING "h5ddp_io or h5ddp_ddp is missing: h5ddp_train is built without the trainer")
 endif()

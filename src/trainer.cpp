@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <thread>
 
-#include "h5ddp/async_checkpoint.hpp"
 #include "h5ddp/checkpoint.hpp"
+#include "h5ddp/checkpointer.hpp"
 #include "h5ddp/data.hpp"
 #include "h5ddp/ddp.hpp"
 #include "h5ddp/error.hpp"
@@ -145,381 +145,321 @@ class Progress {
   int64_t loss_n_ = 0;
 };
 
-struct SignalScope {
+struct SignalScope {  // from the first line: a signal during the data load is not lost
   SignalScope() { stop_signal::install(); }
   ~SignalScope() { stop_signal::uninstall(); }
 };
 
-}  // namespace
+// --watchdog-seconds: a stalled step or save aborts the job with a message instead of hanging it. auto (the
+// default): 20x the slowest step and 10x the slowest save this process has seen, with generous floors
+// (tests: H5DDP_WATCHDOG_FLOOR_SECONDS sets the step floor, and the save floor to 3x it; a test-only hook,
+// armed only with H5DDP_TEST_HOOKS=1, so a stray variable cannot abort a real run).
+class StallWatch {
+ public:
+  enum class Kind { kStep, kSave };
 
-TrainResult run_training(const TrainConfig& config, Comm& comm) {
-  SignalScope signals;
-  const int rank = comm.rank(), world = comm.size();
-  const bool root = rank == 0;
-  TrainResult result;
+  explicit StallWatch(double configured)
+      : auto_(configured < 0), configured_(configured), step_floor_(floor_from_env()),
+        step_limit_(step_floor_, 20), save_limit_(env_floor_ ? 3 * step_floor_ : kAutoWatchdogSaveFloor, 10),
+        watchdog_(auto_ ? step_floor_ : configured) {}
 
-  // Validate first, on every rank, and agree: nothing collective happens until all ranks are fine.
-  {
+  Watchdog::Guard watch(const std::string& what, Kind kind, int64_t step) {
+    if (!watchdog_.enabled()) return Watchdog::Guard();
+    const double limit = auto_ ? (kind == Kind::kStep ? step_limit_ : save_limit_).seconds()
+                               : (kind == Kind::kStep ? 1 : 10) * configured_;
+    return watchdog_.guard(what + " at step " + std::to_string(step + 1), limit);
+  }
+  void observe(Kind kind, double seconds) { (kind == Kind::kStep ? step_limit_ : save_limit_).observe(seconds); }
+
+ private:
+  double floor_from_env() {
+    const char* hooks = std::getenv("H5DDP_TEST_HOOKS");
+    const char* env = hooks && std::string(hooks) == "1" ? std::getenv("H5DDP_WATCHDOG_FLOOR_SECONDS") : nullptr;
+    env_floor_ = env != nullptr;
+    return env ? std::max(0.1, std::atof(env)) : kAutoWatchdogStepFloor;
+  }
+
+  bool auto_;
+  double configured_;
+  bool env_floor_ = false;
+  double step_floor_;
+  AutoLimit step_limit_, save_limit_;
+  Watchdog watchdog_;
+};
+
+CheckpointerOptions checkpointer_options(const TrainConfig& c) {
+  CheckpointerOptions o;
+  o.run_dir = c.run_dir;
+  o.every_steps = c.checkpoint_every_steps;
+  o.every_seconds = c.checkpoint_every_seconds;
+  o.keep_last = c.keep_last;
+  o.keep_every = c.keep_every;
+  o.async = c.async_checkpoint;
+  o.fsync = c.fsync;
+  o.verify_replicas = c.verify_replicas;
+  o.continue_on_save_error = c.on_save_error == "continue";
+  return o;
+}
+
+// h5ddp-train's loop, one concern per function: options, data, model, resume, schedule, steps, end of run.
+// The checkpointing (triggers, signals, saves, resume) is the Checkpointer's, as in a user's own loop.
+class Trainer {
+ public:
+  Trainer(const TrainConfig& config, Comm& comm)
+      : config_(config), comm_(comm), root_(comm.rank() == 0), watch_(config.watchdog_seconds) {}
+
+  TrainResult run() {
+    validate_options();
+    torch::set_num_threads(config_.threads);
+    load_data();
+    build_model();
+    resume_or_init();
+    plan();
+    train();
+    if (ckpt_->exit_code() != 0) return stopped();
+    finish();
+    return result_;
+  }
+
+ private:
+  // Collective. Every rank checks what needs no I/O and the ranks agree before anything else happens.
+  void validate_options() {
     std::string err;
     try {
       // The global batch the run will use: the checkpoint's, unless --batch-size is given (or nothing resumes).
-      if (config.batch_size_set || config.resume == "none") check_global_batch(config.batch_size, world);
-      validate_environment(config);
+      if (config_.batch_size_set || config_.resume == "none") check_global_batch(config_.batch_size, comm_.size());
+      validate_environment(config_);
     } catch (const std::exception& e) {
       err = e.what();
     }
-    comm.raise_if_any(err);
+    comm_.raise_if_any(err);
   }
-  torch::set_num_threads(config.threads);
 
-  // Data: every rank holds the whole (small) data set; the sampler picks each rank's share.
-  std::string err;
-  ImageDataset train_set, test_set;
-  try {
-    train_set = read_fashion_mnist(config.data_dir, "train");
-    if (config.evaluate) test_set = read_fashion_mnist(config.data_dir, "t10k");
-  } catch (const std::exception& e) {
-    err = e.what();
-  }
-  comm.raise_if_any(err);
-  auto train_images = torch::from_blob(train_set.images.data(), {train_set.count, 1, train_set.rows, train_set.cols});
-  auto train_labels = torch::from_blob(train_set.labels.data(), {train_set.count}, torch::kLong);
-
-  // Same initial weights everywhere (DDP broadcasts rank 0's anyway), then per-rank dropout streams.
-  torch::manual_seed(config.seed);
-  std::shared_ptr<Model> model = make_model(config.model);
-  auto optimizer = make_optimizer(config, model->parameters());
-  DistributedDataParallel ddp(model, comm);
-  TorchStateBinding binding(*model, *optimizer, config.optimizer);
-  seed_rank_rng(config.seed, rank);
-  if (root) log::root_info("model: " + model->describe());
-
-  Counters counters;
-  DataState data;
-  data.seed = config.seed;
-  data.global_batch = config.batch_size;
-
-  // Resume: --resume auto loads the newest checkpoint that loads (none: fresh start), or an explicit path.
-  // --init-from takes the weights of a file.
-  // Loads `path` into the model and optimizer (the optimizer's own state only when resuming).
-  auto load_from = [&](const std::string& path, bool resume) -> TrainState {
-    const CheckpointManifest manifest = read_manifest(comm, path);
-    std::string mismatch;
-    if (resume && manifest.optimizer_type != config.optimizer)
-      mismatch = "checkpoint " + path + " was trained with --optimizer " + manifest.optimizer_type +
-                 ", this run uses " + config.optimizer;
-    comm.raise_if_any(mismatch);
-    std::vector<TensorRef> entries;
-    for (const auto& t : manifest.optimizer_state) entries.push_back(TensorRef{t.name, t.dtype, t.shape, nullptr});
-    TrainState st;
-    // --init-from takes the weights only, but the load needs a destination for every tensor in the file.
-    std::unique_ptr<torch::optim::Optimizer> scratch_opt;
-    std::unique_ptr<TorchStateBinding> scratch_binding;
-    TorchStateBinding* b = &binding;
-    // A weights-only file (optimizer type "", e.g. from h5ddp-ckpt import) has no optimizer state to hold.
-    if (!resume && !manifest.optimizer_type.empty() && manifest.optimizer_type != config.optimizer) {
-      std::vector<torch::Tensor> params = model->parameters();
-      TrainConfig other = config;
-      other.optimizer = manifest.optimizer_type;
-      scratch_opt = make_optimizer(other, params);
-      scratch_binding = std::make_unique<TorchStateBinding>(*model, *scratch_opt, other.optimizer);
-      b = scratch_binding.get();
+  // Collective. Every rank holds the whole (small) data set; the sampler picks each rank's share.
+  void load_data() {
+    std::string err;
+    try {
+      train_set_ = read_fashion_mnist(config_.data_dir, "train");
+      if (config_.evaluate) test_set_ = read_fashion_mnist(config_.data_dir, "t10k");
+    } catch (const std::exception& e) {
+      err = e.what();
     }
-    with_context("loading " + path, [&] {
-      b->prepare_import(entries, st);
-      load_checkpoint(comm, path, st);
-      b->finish_import();
-    });
-    return st;
-  };
+    comm_.raise_if_any(err);
+    images_ = torch::from_blob(train_set_.images.data(), {train_set_.count, 1, train_set_.rows, train_set_.cols});
+    labels_ = torch::from_blob(train_set_.labels.data(), {train_set_.count}, torch::kLong);
+  }
 
-  std::optional<std::string> resume_path;
-  TrainState st;
-  if (config.resume == "auto") {
-    // Each candidate is read once: load_checkpoint verifies every checksum as it reads; a damaged one falls
-    // back to the next, another model or optimizer fails the run (resume_newest).
-    bool attempted = false;
-    resume_path = resume_newest(comm, config.run_dir, [&](const std::string& path) {
-      attempted = true;
-      st = load_from(path, true);
-    });
-    if (attempted && !resume_path) {
-      // The failed loads may have overwritten part of the weights and the optimizer state: start exactly as
-      // a run in an empty directory does (same seed, same initial weights, same RNG streams).
-      torch::manual_seed(config.seed);
-      std::shared_ptr<Model> fresh = make_model(config.model);
-      torch::NoGradGuard no_grad;
-      auto fresh_params = fresh->named_parameters(true), fresh_buffers = fresh->named_buffers(true);
-      for (auto& p : model->named_parameters(true)) p.value().copy_(fresh_params[p.key()]);
-      for (auto& b : model->named_buffers(true)) b.value().copy_(fresh_buffers[b.key()]);
-      optimizer->state().clear();
-      seed_rank_rng(config.seed, rank);
+  // Collective. Same initial weights everywhere (DDP broadcasts rank 0's anyway), then per-rank dropout streams.
+  void build_model() {
+    torch::manual_seed(config_.seed);
+    model_ = make_model(config_.model);
+    optimizer_ = make_optimizer(config_, model_->parameters());
+    ddp_ = std::make_unique<DistributedDataParallel>(model_, comm_);
+    ckpt_ = std::make_unique<Checkpointer>(comm_, *model_, *optimizer_, checkpointer_options(config_));
+    seed_rank_rng(config_.seed, comm_.rank());
+    if (root_) log::root_info("model: " + model_->describe());
+    ckpt_->set_meta("model", config_.model.name);
+    ckpt_->set_meta("model_description", model_->describe());
+    ckpt_->set_meta("dropout", std::to_string(config_.model.dropout));
+    if (config_.model.name == "mlp") {
+      std::string w;
+      for (int64_t h : config_.model.mlp_hidden) w += (w.empty() ? "" : ",") + std::to_string(h);
+      ckpt_->set_meta("mlp_hidden", w);
     }
-  } else if (config.resume != "none") {
-    resume_path = config.resume;
-    st = load_from(*resume_path, true);
+    ckpt_->data().seed = config_.seed;
+    ckpt_->data().global_batch = config_.batch_size;
   }
-  // A later --resume auto takes the highest step in the run dir: say which files of an older run would shadow.
-  if (config.resume == "none") warn_of_checkpoints_in_fresh_run_dir(comm, config.run_dir);
-  if (!resume_path && !config.init_from.empty()) {
-    load_from(config.init_from, false);
-    optimizer->state().clear();
-    if (root) log::root_info("initialised the weights from " + config.init_from);
+
+  // Collective. --resume auto: the newest checkpoint of the run dir that loads (none: a fresh start exactly
+  // like a run in an empty directory); a path: that file; none: fresh. --init-from: weights only.
+  void resume_or_init() {
+    ResumeInfo info;
+    if (config_.resume == "auto") info = ckpt_->resume();
+    else if (config_.resume != "none") info = ckpt_->resume_from(config_.resume);
+    // A later --resume auto takes the highest step in the run dir: say which files of an older run would shadow.
+    if (config_.resume == "none") warn_of_checkpoints_in_fresh_run_dir(comm_, config_.run_dir);
+    if (info.resumed) {
+      report_resume(info);
+    } else if (!config_.init_from.empty()) {
+      ckpt_->load_weights(config_.init_from);
+      if (root_) log::root_info("initialised the weights from " + config_.init_from);
+    }
+    check_batch(info);
   }
-  if (resume_path) {
-    counters = st.counters;
-    data = st.data;
-    if (config.batch_size_set && config.batch_size != data.global_batch) {
-      log::root_info("warning: --batch-size " + std::to_string(config.batch_size) + " differs from the " +
+
+  void report_resume(const ResumeInfo& info) {
+    DataState& data = ckpt_->data();
+    if (config_.batch_size_set && config_.batch_size != data.global_batch) {
+      log::root_info("warning: --batch-size " + std::to_string(config_.batch_size) + " differs from the " +
                      std::to_string(data.global_batch) + " of the checkpoint; continuing with " +
-                     std::to_string(config.batch_size) + " from sample " + std::to_string(data.position));
-      data.global_batch = config.batch_size;
+                     std::to_string(config_.batch_size) + " from sample " + std::to_string(data.position));
+      data.global_batch = config_.batch_size;
     }
-    if (data.seed != config.seed)
+    if (data.seed != config_.seed)
       log::root_info("note: the data order continues with the checkpoint's seed " + std::to_string(data.seed));
-    const bool exact = restore_rank_rng(st.rng_by_rank, rank, config.seed, counters.step);
-    const int exact_all = comm.all_ok(exact) ? 1 : 0;
-    result.resumed_from = *resume_path;
-    if (root)
-      log::root_info("resumed from " + *resume_path + " at step " + std::to_string(counters.step) + ", epoch " +
+    result_.resumed_from = info.path;
+    if (root_)
+      log::root_info("resumed from " + info.path + " at step " + std::to_string(info.step) + ", epoch " +
                      std::to_string(data.epoch) + ", sample " + std::to_string(data.position) + " (saved at " +
-                     std::to_string(st.saved_world_size) + " ranks, now " + std::to_string(world) +
-                     (exact_all ? "" : "; ranks beyond the saved world size got derived RNG streams") + ")");
+                     std::to_string(info.saved_world_size) + " ranks, now " + std::to_string(comm_.size()) +
+                     (info.rng_exact ? "" : "; ranks beyond the saved world size got derived RNG streams") + ")");
   }
 
-  {
-    std::string bad_batch;  // the checkpoint's global batch at another world size (the same verdict everywhere)
+  // Collective. The checkpoint's global batch at another world size: the same verdict on every rank.
+  void check_batch(const ResumeInfo& info) {
+    std::string bad_batch;
     try {
-      check_global_batch(data.global_batch, world);
+      check_global_batch(ckpt_->data().global_batch, comm_.size());
     } catch (const Error& e) {
-      bad_batch = std::string(e.what()) + (resume_path ? " (the global batch of " + *resume_path +
-                                                             "; pass --batch-size to change it)"
-                                                       : "");
+      bad_batch = std::string(e.what()) +
+                  (info.resumed ? " (the global batch of " + info.path + "; pass --batch-size to change it)" : "");
     }
-    comm.raise_if_any(bad_batch);
-  }
-  DistributedSampler sampler(train_set.count, data.global_batch, data.seed, world, rank);
-  // The steps to the end of the last epoch, counted from where the data position is: after a resume with another
-  // --batch-size the steps already taken were of another size (equal to steps_per_epoch() * epochs otherwise).
-  const int64_t planned = counters.step +
-                          (data.epoch < config.epochs
-                               ? (train_set.count - data.position) / data.global_batch +
-                                     sampler.steps_per_epoch() * (config.epochs - data.epoch - 1)
-                               : 0);
-  const int64_t total_steps = config.max_steps > 0 ? std::min(config.max_steps, planned) : planned;
-  LrSchedule schedule;
-  schedule.type = config.lr_schedule;
-  schedule.base_lr = config.lr;
-  schedule.step_size = config.lr_step_size > 0 ? config.lr_step_size : sampler.steps_per_epoch();
-  schedule.gamma = config.lr_gamma;
-  schedule.total_steps = total_steps;
-
-  std::map<std::string, std::string> meta = {{"model", config.model.name},
-                                             {"model_description", model->describe()},
-                                             {"optimizer", config.optimizer},
-                                             {"dropout", std::to_string(config.model.dropout)}};
-  if (config.model.name == "mlp") {
-    std::string w;
-    for (int64_t h : config.model.mlp_hidden) w += (w.empty() ? "" : ",") + std::to_string(h);
-    meta["mlp_hidden"] = w;
+    comm_.raise_if_any(bad_batch);
   }
 
-  int64_t last_saved_step = result.resumed_from.empty() ? -1 : counters.step;
-  // --async-checkpoint: training blocks only for the copy into host buffers; the final save and a
-  // signal's save wait for the file to be committed before the process exits.
-  std::unique_ptr<AsyncCheckpointer> async;
-  if (config.async_checkpoint) async = std::make_unique<AsyncCheckpointer>(comm);
-  auto save = [&](bool wait_for_commit) {
-    TrainState st;
-    binding.export_state(st);
-    st.counters = counters;
-    st.data = data;
-    st.scheduler = schedule.to_state(counters.step);
-    st.meta = meta;
-    SaveOptions o;
-    o.fsync = config.fsync;
-    o.keep_last = config.keep_last;
-    o.keep_every = config.keep_every;
-    o.verify_replicas = config.verify_replicas;
-    last_saved_step = counters.step;
-    if (async) {
-      async->start(st, config.run_dir, o);
-      if (wait_for_commit) result.last_checkpoint = async->wait().path;
-      return;
-    }
-    const SaveResult r = save_checkpoint(comm, st, config.run_dir, o);
-    result.last_checkpoint = r.path;
-    log::debug("saved " + r.path + " in " + std::to_string(r.seconds) + " s");
-  };
+  // The steps to the end of the last epoch, counted from where the data position is: after a resume with
+  // another --batch-size the steps already taken were of another size.
+  void plan() {
+    const DataState& data = ckpt_->data();
+    sampler_ = std::make_unique<DistributedSampler>(train_set_.count, data.global_batch, data.seed, comm_.size(),
+                                                    comm_.rank());
+    const int64_t step = ckpt_->step();
+    const int64_t planned =
+        step + (data.epoch < config_.epochs ? (train_set_.count - data.position) / data.global_batch +
+                                                  sampler_->steps_per_epoch() * (config_.epochs - data.epoch - 1)
+                                            : 0);
+    total_steps_ = config_.max_steps > 0 ? std::min(config_.max_steps, planned) : planned;
+    schedule_.type = config_.lr_schedule;
+    schedule_.base_lr = config_.lr;
+    schedule_.step_size = config_.lr_step_size > 0 ? config_.lr_step_size : sampler_->steps_per_epoch();
+    schedule_.gamma = config_.lr_gamma;
+    schedule_.total_steps = total_steps_;
+    ckpt_->set_scheduler_state([this](int64_t s) { return schedule_.to_state(s); });
+  }
 
-  // --on-save-error continue: a failed periodic save (thrown on every rank alike, the previous checkpoint and
-  // `latest` untouched) is reported and retried at the next trigger. Final and signal saves always throw.
-  const int64_t no_save = last_saved_step;
-  auto report_or_throw = [&](const Error& e, bool final_save) {
-    if (final_save || config.on_save_error != "continue") throw;
-    if (root)
-      log::warn("checkpoint save failed; training continues (--on-save-error continue) and retries at the next "
-                "trigger; the previous checkpoint and `latest` are unchanged:\n" + std::string(e.what()));
-  };
-  auto save_or_report = [&](bool final_save) {
-    const int64_t previous = last_saved_step;
-    try {
-      if (async && async->in_flight()) async->wait();  // start() would wait too: surface its failure here
-    } catch (const Error& e) {
-      last_saved_step = no_save;
-      report_or_throw(e, final_save);
-    }
-    try {
-      save(final_save);
-    } catch (const Error& e) {
-      last_saved_step = previous;
-      report_or_throw(e, final_save);
-    }
-  };
-  // --watchdog-seconds: a stalled step or save aborts the job with a message instead of hanging it. auto (the
-  // default): 20x the slowest step and 10x the slowest save this process has seen, with generous floors
-  // (tests: H5DDP_WATCHDOG_FLOOR_SECONDS sets the step floor, and the save floor to 3x it; a test-only hook,
-  // armed only with H5DDP_TEST_HOOKS=1, so a stray variable cannot abort a real run).
-  const bool auto_watchdog = config.watchdog_seconds < 0;
-  const char* hooks = std::getenv("H5DDP_TEST_HOOKS");
-  const char* floor_env = hooks && std::string(hooks) == "1" ? std::getenv("H5DDP_WATCHDOG_FLOOR_SECONDS") : nullptr;
-  const double step_floor = floor_env ? std::max(0.1, std::atof(floor_env)) : kAutoWatchdogStepFloor;
-  AutoLimit step_limit(step_floor, 20), save_limit(floor_env ? 3 * step_floor : kAutoWatchdogSaveFloor, 10);
-  Watchdog watchdog(auto_watchdog ? step_floor : config.watchdog_seconds);
-  enum class Watched { kStep, kSave };
-  auto watch = [&](const char* what, Watched kind) {
-    if (!watchdog.enabled()) return Watchdog::Guard();
-    const double limit = auto_watchdog ? (kind == Watched::kStep ? step_limit : save_limit).seconds()
-                                       : (kind == Watched::kStep ? 1 : 10) * config.watchdog_seconds;
-    return watchdog.guard(std::string(what) + " at step " + std::to_string(counters.step + 1), limit);
-  };
+  bool done() const { return ckpt_->step() >= total_steps_ || ckpt_->data().epoch >= config_.epochs; }
 
-  Progress progress(root, config.progress, total_steps, config.log_every);
-  progress.start(counters.step);
-  auto last_save_time = Clock::now();
-  const auto t_start = Clock::now();
-  int stop_code = 0;
-  model->train();
+  void train() {
+    progress_ = std::make_unique<Progress>(root_, config_.progress, total_steps_, config_.log_every);
+    progress_->start(ckpt_->step());
+    t_start_ = Clock::now();
+    model_->train();
+    while (!done())
+      if (!step()) break;
+    result_.train_seconds = seconds_since(t_start_);
+    result_.step = ckpt_->step();
+    result_.epoch = ckpt_->data().epoch;
+    result_.last_checkpoint = ckpt_->last_checkpoint();
+  }
 
-  while (counters.step < total_steps && data.epoch < config.epochs) {
+  // Collective. One optimizer step, then the Checkpointer's agreement and save. False: a stop signal (saved).
+  bool step() {
     const auto step_start = Clock::now();
-    auto step_guard = watch("training step (forward/backward, gradient allreduce, step agreement)", Watched::kStep);
-    const auto indices = sampler.local_indices(data.epoch, data.position);
-    auto [x, y] = gather(train_images, train_labels, indices);
-    set_lr(*optimizer, schedule.lr_at(counters.step));
-    ddp.prepare_forward();
-    auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+    const int64_t step = ckpt_->step();
+    auto guard = watch_.watch("training step (forward/backward, gradient allreduce, step agreement)",
+                              StallWatch::Kind::kStep, step);
+    DataState& data = ckpt_->data();
+    auto [x, y] = gather(images_, labels_, sampler_->local_indices(data.epoch, data.position));
+    set_lr(*optimizer_, schedule_.lr_at(step));
+    ddp_->prepare_forward();
+    auto loss = torch::nn::functional::cross_entropy(model_->forward(x), y);
     loss.backward();
-    ddp.finish_backward();
-    optimizer->step();
-    optimizer->zero_grad();
+    ddp_->finish_backward();
+    optimizer_->step();
+    optimizer_->zero_grad();
+    sampler_->advance(data);  // the rest of an epoch's permutation that fills no batch is dropped
 
-    ++counters.step;
-    counters.samples_consumed += data.global_batch;
-    data.position += data.global_batch;
-    if (!sampler.has_batch(data.position)) {  // epoch done: the rest of the permutation is dropped
-      ++data.epoch;
-      data.position = 0;
-    }
-    counters.epoch = data.epoch;
-
-    // One allreduce per step carries everything the ranks must agree on: the mean loss, any rank's
-    // signal (requeue / interrupt), any rank's time trigger.
-    const int sig = stop_signal::pending();
-    double agree[4] = {loss.item<double>(), (sig == SIGUSR1 || sig == SIGTERM) ? 1.0 : 0.0,
-                       sig == SIGINT ? 1.0 : 0.0,
-                       (config.checkpoint_every_seconds > 0 &&
-                        seconds_since(last_save_time) >= config.checkpoint_every_seconds)
-                           ? 1.0
-                           : 0.0};
-    comm.allreduce(agree, 4, DType::kF64, ReduceOp::kSum);
-    const bool last = counters.step >= total_steps || data.epoch >= config.epochs;
-    progress.update(counters.step, data.epoch, config.epochs, agree[0] / world, data.global_batch, last);
-    if (agree[1] > 0) stop_code = stop_signal::kExitRequeue;
-    if (agree[2] > 0) stop_code = stop_signal::kExitInterrupted;
-
-    const bool step_due = config.checkpoint_every_steps > 0 && counters.step % config.checkpoint_every_steps == 0;
-    try {
-      if (async && async->in_flight()) async->poll();  // a background failure throws here, on all ranks
-    } catch (const Error& e) {
-      last_saved_step = no_save;
-      report_or_throw(e, false);
-    }
-    step_guard.release();
-    step_limit.observe(seconds_since(step_start));
-    if (step_due || agree[3] > 0 || stop_code != 0) {
+    StepOutcome outcome = ckpt_->agree_step(step + 1, loss.item<double>());
+    progress_->update(step + 1, data.epoch, config_.epochs, outcome.value_mean, data.global_batch, done());
+    guard.release();
+    watch_.observe(StallWatch::Kind::kStep, seconds_since(step_start));
+    if (outcome.save_due) {
       const auto save_start = Clock::now();
-      auto save_guard = watch("checkpoint save", Watched::kSave);
-      save_or_report(stop_code != 0);
-      last_save_time = Clock::now();
-      save_limit.observe(seconds_since(save_start));
+      auto save_guard = watch_.watch("checkpoint save", StallWatch::Kind::kSave, step + 1);
+      ckpt_->save_if_due(outcome);
+      watch_.observe(StallWatch::Kind::kSave, seconds_since(save_start));
     }
-    if (stop_code != 0) break;
-    if (config.step_sleep_ms > 0) {  // stands for compute in tests: watched like the step it stands for
-      auto sleep_guard = watch("step sleep (--step-sleep-ms)", Watched::kStep);
-      std::this_thread::sleep_for(std::chrono::milliseconds(config.step_sleep_ms));
+    if (outcome.stop) return false;
+    if (config_.step_sleep_ms > 0) {  // stands for compute in tests: watched like the step it stands for
+      auto sleep_guard = watch_.watch("step sleep (--step-sleep-ms)", StallWatch::Kind::kStep, step + 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(config_.step_sleep_ms));
     }
+    return true;
   }
-  // A signal that arrived after the last step still saves (the final save below) and asks to be requeued
-  // only if training is not complete.
-  result.train_seconds = seconds_since(t_start);
-  result.step = counters.step;
-  result.epoch = data.epoch;
 
-  if (stop_code != 0) {
-    if (root) {
-      progress.end_line();
+  // A signal (also one after the last step) saved the state; training asks to be requeued.
+  TrainResult stopped() {
+    if (root_) {
+      progress_->end_line();
       std::printf("stopped by a signal at step %lld; saved %s; exit code %d (%s)\n",
-                  static_cast<long long>(counters.step), result.last_checkpoint.c_str(), stop_code,
-                  stop_code == stop_signal::kExitRequeue ? "requeue me" : "interrupted");
+                  static_cast<long long>(ckpt_->step()), ckpt_->last_checkpoint().c_str(), ckpt_->exit_code(),
+                  ckpt_->exit_code() == stop_signal::kExitRequeue ? "requeue me" : "interrupted");
       std::fflush(stdout);
     }
-    result.exit_code = stop_code;
-    return result;
+    result_.exit_code = ckpt_->exit_code();
+    return result_;
   }
 
-  if (async) {  // the periodic save in flight first: if it failed, the final save below redoes it
-    auto save_guard = watch("wait for the background checkpoint save", Watched::kSave);
-    try {
-      const SaveResult r = async->wait();
-      if (!r.path.empty()) result.last_checkpoint = r.path;
-    } catch (const Error& e) {
-      last_saved_step = no_save;
-      report_or_throw(e, false);
+  // Collective. The background save in flight, the final save, the evaluation, the summary.
+  void finish() {
+    {
+      auto guard = watch_.watch(config_.final_checkpoint ? "final checkpoint save"
+                                                         : "wait for the background checkpoint save",
+                                StallWatch::Kind::kSave, ckpt_->step());
+      ckpt_->finish(config_.final_checkpoint);
     }
+    result_.last_checkpoint = ckpt_->last_checkpoint();
+    if (config_.evaluate) result_.test_accuracy = evaluate(*model_, test_set_, comm_);
+    if (root_) print_summary();
   }
-  if (config.final_checkpoint && last_saved_step != counters.step) {
-    auto save_guard = watch("final checkpoint save", Watched::kSave);
-    save_or_report(true);
-  }
-  if (config.evaluate) result.test_accuracy = evaluate(*model, test_set, comm);
 
-  if (root) {
-    const std::string ckpt = !result.last_checkpoint.empty() ? result.last_checkpoint : result.resumed_from;
+  void print_summary() const {
+    const int64_t step = ckpt_->step(), epoch = ckpt_->data().epoch;
     std::printf("trained to step %lld (%lld of %lld epochs complete) in %.1f s at %d ranks\n",
-                static_cast<long long>(counters.step), static_cast<long long>(std::min(data.epoch, config.epochs)),
-                static_cast<long long>(config.epochs), result.train_seconds, world);
-    if (config.evaluate) std::printf("test accuracy: %.2f%% on %lld images\n", 100.0 * result.test_accuracy,
-                                     static_cast<long long>(test_set.count));
-    if (!ckpt.empty()) {
-      const std::string prog = config.command_line.empty() ? "h5ddp-train" : config.command_line[0];
-      const std::string dir = std::filesystem::path(prog).parent_path().string();
-      std::vector<std::string> args(config.command_line.begin() + (config.command_line.empty() ? 0 : 1),
-                                    config.command_line.end());
-      std::printf("checkpoint: %s\n", ckpt.c_str());
-      std::printf("resume (newest checkpoint of the run dir; raise --epochs/--max-steps to train further):\n"
-                  "  mpirun -np %d %s\n",
-                  world, shell_join([&] {
-                    std::vector<std::string> v{prog};
-                    v.insert(v.end(), args.begin(), args.end());
-                    return v;
-                  }()).c_str());
-      std::printf("inspect:\n  %s info %s\n", shell_join({(dir.empty() ? "" : dir + "/") + "h5ddp-ckpt"}).c_str(),
-                  shell_join({ckpt}).c_str());
-    }
+                static_cast<long long>(step), static_cast<long long>(std::min(epoch, config_.epochs)),
+                static_cast<long long>(config_.epochs), result_.train_seconds, comm_.size());
+    if (config_.evaluate)
+      std::printf("test accuracy: %.2f%% on %lld images\n", 100.0 * result_.test_accuracy,
+                  static_cast<long long>(test_set_.count));
+    const std::string ckpt = !result_.last_checkpoint.empty() ? result_.last_checkpoint : result_.resumed_from;
+    if (!ckpt.empty()) print_next_commands(ckpt);
     std::fflush(stdout);
   }
-  return result;
-}
+
+  void print_next_commands(const std::string& ckpt) const {
+    const auto& argv = config_.command_line;
+    std::vector<std::string> command{argv.empty() ? std::string("h5ddp-train") : argv[0]};
+    if (!argv.empty()) command.insert(command.end(), argv.begin() + 1, argv.end());
+    const std::string dir = std::filesystem::path(command[0]).parent_path().string();
+    std::printf("checkpoint: %s\n", ckpt.c_str());
+    std::printf("resume (newest checkpoint of the run dir; raise --epochs/--max-steps to train further):\n"
+                "  mpirun -np %d %s\n",
+                comm_.size(), shell_join(command).c_str());
+    std::printf("inspect:\n  %s info %s\n", shell_join({(dir.empty() ? "" : dir + "/") + "h5ddp-ckpt"}).c_str(),
+                shell_join({ckpt}).c_str());
+  }
+
+  const TrainConfig& config_;
+  Comm& comm_;
+  const bool root_;
+  SignalScope signals_;
+  StallWatch watch_;
+  TrainResult result_;
+  ImageDataset train_set_, test_set_;
+  torch::Tensor images_, labels_;
+  std::shared_ptr<Model> model_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<DistributedDataParallel> ddp_;
+  std::unique_ptr<Checkpointer> ckpt_;
+  std::unique_ptr<DistributedSampler> sampler_;
+  std::unique_ptr<Progress> progress_;
+  LrSchedule schedule_;
+  int64_t total_steps_ = 0;
+  Clock::time_point t_start_;
+};
+
+}  // namespace
+
+TrainResult run_training(const TrainConfig& config, Comm& comm) { return Trainer(config, comm).run(); }
 
 }  // namespace h5ddp

@@ -329,18 +329,25 @@ TEST(Checkpoint, RetentionKeepsLastKAndEveryM) {
   world.barrier();
 }
 
-TEST(Checkpoint, ResumeFallsBackWhenLatestIsMissingOrCorrupt) {
+// Collective. Saves the fixture's state at each of `steps` into dir (no fsync); returns the files' paths.
+std::vector<std::string> save_steps(const std::string& dir, const std::vector<int>& steps) {
   auto& world = test::world();
-  const std::string dir = test::scratch_dir("resume");
-  EXPECT_EQ(find_resume_checkpoint(world, dir), std::nullopt);  // fresh run
   SaveOptions opt;
   opt.fsync = false;
   std::vector<std::string> paths;
-  for (int step : {10, 20, 30}) {
+  for (int step : steps) {
     OwnedState s(7, world.rank());
     s.state.counters.step = step;
     paths.push_back(save_checkpoint(world, s.state, dir, opt).path);
   }
+  return paths;
+}
+
+TEST(Checkpoint, ResumeFallsBackWhenLatestIsMissingOrCorrupt) {
+  auto& world = test::world();
+  const std::string dir = test::scratch_dir("resume");
+  EXPECT_EQ(find_resume_checkpoint(world, dir), std::nullopt);  // fresh run
+  const std::vector<std::string> paths = save_steps(dir, {10, 20, 30});
   EXPECT_EQ(find_resume_checkpoint(world, dir), paths[2]);
   corrupt_dataset(paths[2], "/model/conv1.weight");
   if (world.rank() == 0) {
@@ -363,14 +370,7 @@ TEST(Checkpoint, ResumeFallsBackWhenLatestIsMissingOrCorrupt) {
 TEST(Checkpoint, ResumeTakesTheHighestStepWhateverLatestSays) {
   auto& world = test::world();
   const std::string dir = test::scratch_dir("resume-newest");
-  SaveOptions opt;
-  opt.fsync = false;
-  std::vector<std::string> paths;
-  for (int step : {10, 20, 30}) {
-    OwnedState s(7, world.rank());
-    s.state.counters.step = step;
-    paths.push_back(save_checkpoint(world, s.state, dir, opt).path);
-  }
+  const std::vector<std::string> paths = save_steps(dir, {10, 20, 30});
   auto set_latest = [&](const std::string& text) {
     if (world.rank() == 0) std::ofstream(dir + "/latest", std::ios::trunc) << text;
     world.barrier();
@@ -390,6 +390,8 @@ TEST(Checkpoint, ResumeTakesTheHighestStepWhateverLatestSays) {
   EXPECT_EQ(c.latest_index, -1);
   EXPECT_EQ(c.paths, (std::vector<std::string>{paths[2], paths[1], paths[0]}));
   // A file whose name carries no step (SaveOptions::name) comes first when `latest` names it.
+  SaveOptions opt;
+  opt.fsync = false;
   opt.name = "final.h5";
   {
     OwnedState s(7, world.rank());

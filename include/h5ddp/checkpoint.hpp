@@ -65,6 +65,7 @@ struct CheckpointManifest {
   std::string optimizer_type;
   std::vector<ParamGroup> param_groups;
   std::vector<TensorInfo> model, optimizer_state;  // in name order
+  std::vector<TensorInfo> user;                    // /user/<name> (Checkpointer::track), in name order
   size_t rng_cpu_bytes = 0, rng_cuda_bytes = 0;    // per rank
   uint64_t tensor_bytes = 0;                       // model + optimizer state
 };

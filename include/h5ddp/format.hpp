@@ -45,6 +45,8 @@ inline constexpr const char* kRngGroup = "/rng";
 inline constexpr const char* kRngCpu = "/rng/cpu";
 inline constexpr const char* kRngCuda = "/rng/cuda";
 inline constexpr const char* kMetaGroup = "/meta";
+// The caller's own state (Checkpointer::track: an EMA copy, a counter): written only when there is some.
+inline constexpr const char* kUserGroup = "/user";
 
 // ---- files in a run directory ----
 inline constexpr const char* kCheckpointPrefix = "ckpt-";
@@ -55,6 +57,8 @@ inline constexpr const char* kLatestTmpFile = "latest.tmp";
 
 // "/model/<key>". Throws CheckpointError when the key is empty, contains '/', or starts with "module.".
 std::string model_dataset(const std::string& key);
+// "/user/<key>". Throws CheckpointError when the key is empty or contains '/'.
+std::string user_dataset(const std::string& key);
 // "/optimizer/state/<param>/<key>" from an OptimizerState entry name "<param>/<key>"; throws on a bad name.
 std::string optimizer_state_dataset(const std::string& entry_name);
 // Inverse of optimizer_state_dataset: "/optimizer/state/a.b/exp_avg" -> "a.b/exp_avg".

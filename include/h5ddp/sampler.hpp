@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "h5ddp/train_state.hpp"
+
 namespace h5ddp {
 
 // splitmix64 (Steele, Lea, Flood 2014): a tiny, well-mixed generator with a fixed definition.
@@ -54,6 +56,9 @@ class DistributedSampler {
   // This rank's indices of the global batch perm_epoch[position, position + G); needs has_batch(position).
   // Any position works, not only multiples of G, so a resume with another global batch neither replays nor skips.
   std::vector<int64_t> local_indices(int64_t epoch, int64_t position);
+  // Local. After an optimizer step: moves data.position past one global batch, to the next epoch (position 0)
+  // when no full batch is left (the rest of the permutation is dropped). Returns true when an epoch ended.
+  bool advance(DataState& data) const;
   // All indices of that global batch (every rank's slices, in rank order).
   std::vector<int64_t> global_indices(int64_t epoch, int64_t position);
 

@@ -11,9 +11,10 @@ inline constexpr int kExitRequeue = 75;
 inline constexpr int kExitInterrupted = 130;
 
 // Local. Installs handlers for SIGUSR1, SIGTERM and SIGINT. A second SIGINT or SIGTERM kills the process
-// with the default action (for a user who does not want to wait for the save).
+// with the default action (for a user who does not want to wait for the save). Nested calls (the trainer's,
+// then its Checkpointer's) count: only the outermost installs (and forgets an earlier signal).
 void install();
-// Local. Restores the default actions.
+// Local. Restores the default actions when it matches the outermost install().
 void uninstall();
 // Local, async-signal-safe read. The most recent signal number received since install()/clear(), or 0.
 int pending();

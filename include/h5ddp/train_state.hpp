@@ -72,6 +72,7 @@ struct TrainState {
   SchedulerState scheduler;
   std::vector<TensorRef> model;
   OptimizerState optimizer;
+  std::vector<TensorRef> user;        // the caller's own named tensors and scalars, stored as /user/<name>
   RngState rng;                       // this rank's generators (save: written to row `rank`)
   std::vector<RngState> rng_by_rank;  // load: every row in the file (world size at save)
   int saved_world_size = 0;           // load: world size at save

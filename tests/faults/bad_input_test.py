@@ -53,7 +53,8 @@ def snapshot(dirs):
 
 def expect_error(cmd, np, rc, names, phrase, protect=(), extra_env=None):
     """Runs cmd (under mpirun when np, else alone) and applies every check of the module docstring. `names`: the
-    file or option the error line must contain; `phrase`: what it must say."""
+    file or option the error line must contain; `phrase`: what it must say. Returns the Result, its error line as
+    `.line`."""
     before = snapshot(protect)
     r = fl.mpirun(np, cmd, LIMIT, extra_env) if np else fl.run(cmd, LIMIT, extra_env)
     fl.check(r.rc == rc, f"exit code {r.rc}, expected {rc}: {r}")
@@ -64,7 +65,8 @@ def expect_error(cmd, np, rc, names, phrase, protect=(), extra_env=None):
     fl.check(r.text.count(phrase) == 1, f"'{phrase}' printed {r.text.count(phrase)} times: {r}")
     fl.check(snapshot(protect) == before, f"files changed in {protect}")
     fl.check("step 1/" not in r.text, f"training started: {r}")
-    return lines[0].strip()[:160]
+    r.line = lines[0].strip()[:160]
+    return r
 
 
 def train_cmd(run_dir, *extra):
@@ -98,7 +100,7 @@ def test_data_longer_than_header():
         raw = f.read()
     rewrite_gz(p, raw + bytes(100))
     run = os.path.join(work(), "run-long")
-    return expect_error(train_cmd(run, "--data-dir", d), NP, 1, p, "100 bytes follow the 60000 labels")
+    return expect_error(train_cmd(run, "--data-dir", d), NP, 1, p, "100 bytes follow the 60000 labels").line
 
 
 def test_data_crc_mismatch():
@@ -114,7 +116,7 @@ def test_data_crc_mismatch():
         f.seek(-8, os.SEEK_END)
         f.write(struct.pack("<I", crc ^ 1))
     run = os.path.join(work(), "run-crc")
-    return expect_error(train_cmd(run, "--data-dir", d), NP, 1, p, "CRC-32")
+    return expect_error(train_cmd(run, "--data-dir", d), NP, 1, p, "CRC-32").line
 
 
 def test_data_truncated():
@@ -124,13 +126,13 @@ def test_data_truncated():
     with open(p, "r+b") as f:
         f.truncate(size // 2)
     run = os.path.join(work(), "run-cut")
-    return expect_error(train_cmd(run, "--data-dir", d), NP, 1, p, "truncated data file")
+    return expect_error(train_cmd(run, "--data-dir", d), NP, 1, p, "truncated data file").line
 
 
 def test_data_dir_missing():
     run = os.path.join(work(), "run-nodata")
     return expect_error(train_cmd(run, "--data-dir", "/nonexistent-fmnist"), NP, 1, "/nonexistent-fmnist",
-                        "data directory not found")
+                        "data directory not found").line
 
 
 # ---- checkpoints -----------------------------------------------------------------------------------------------
@@ -151,23 +153,23 @@ def test_truncated_checkpoint_resume():
     cut = damaged_copy("cut", lambda b: b[:len(b) // 2])
     run = os.path.join(work(), "run")
     return expect_error(train_cmd(os.path.join(work(), "run-resume-cut"), "--resume", cut), NP, 1, cut,
-                        "file truncated", protect=[run])
+                        "file truncated", protect=[run]).line
 
 
 def test_truncated_checkpoint_verify():
     cut = damaged_copy("cut-verify", lambda b: b[:len(b) // 2])
-    return expect_error([fl.tool("h5ddp-ckpt"), "verify", cut], 0, 1, cut, "file truncated")
+    return expect_error([fl.tool("h5ddp-ckpt"), "verify", cut], 0, 1, cut, "file truncated").line
 
 
 def test_not_hdf5_resume():
     junk = damaged_copy("junk", lambda b: b"this is not a checkpoint\n" * 40)
     return expect_error(train_cmd(os.path.join(work(), "run-junk"), "--resume", junk), NP, 1, junk,
-                        "not an HDF5 file")
+                        "not an HDF5 file").line
 
 
 def test_empty_checkpoint_info():
     empty = damaged_copy("empty", lambda b: b"")
-    return expect_error([fl.tool("h5ddp-ckpt"), "info", empty], 0, 1, empty, "not an HDF5 file")
+    return expect_error([fl.tool("h5ddp-ckpt"), "info", empty], 0, 1, empty, "not an HDF5 file").line
 
 
 def test_flipped_bytes_resume():
@@ -178,46 +180,43 @@ def test_flipped_bytes_resume():
         return bytes(b)
     bad = damaged_copy("flip", flip)
     run = os.path.join(work(), "run")
-    line = expect_error(train_cmd(os.path.join(work(), "run-flip"), "--resume", bad), NP, 1, bad, "corrupt data",
-                        protect=[run])
-    r = fl.mpirun(NP, train_cmd(os.path.join(work(), "run-flip"), "--resume", bad), LIMIT)
+    r = expect_error(train_cmd(os.path.join(work(), "run-flip"), "--resume", bad), NP, 1, bad, "corrupt data",
+                     protect=[run])
     fl.check("checksum mismatch in dataset /" in r.text, f"the dataset is not named: {r}")
-    return line
+    return r.line
 
 
 def test_other_model_resume_lists_differences():
     """The issue's case: an MLP 64,64 checkpoint resumed as the MLP 32: one error naming every difference."""
     other = fl.checkpoints(os.path.join(work(), "other"))[-1]
     run = os.path.join(work(), "run-other")
-    line = expect_error(train_cmd(run, "--resume", other), NP, 1, other, "does not match")
-    r = fl.mpirun(NP, train_cmd(run, "--resume", other), LIMIT)
+    r = expect_error(train_cmd(run, "--resume", other), NP, 1, other, "does not match")
     for what in ["/model/fc3.weight", "/model/fc1.weight: expected", "/model/fc2.weight: expected",
                  "/optimizer/state/fc1.bias/exp_avg: expected", "/optimizer/state/fc3.bias/exp_avg"]:
         fl.check(what in r.text, f"difference {what} not listed: {r}")
-    return line
+    return r.line
 
 
 def test_other_model_init_from_lists_differences():
     other = fl.checkpoints(os.path.join(work(), "other"))[-1]
     run = os.path.join(work(), "run-init")
-    line = expect_error(train_cmd(run, "--init-from", other), NP, 1, other, "does not match")
-    r = fl.mpirun(NP, train_cmd(run, "--init-from", other), LIMIT)
+    r = expect_error(train_cmd(run, "--init-from", other), NP, 1, other, "does not match")
     for what in ["/model/fc3.weight", "/model/fc1.weight: expected"]:
         fl.check(what in r.text, f"difference {what} not listed: {r}")
-    return line
+    return r.line
 
 
 def test_other_optimizer_resume():
     run = os.path.join(work(), "run")
     ckpt = fl.checkpoints(run)[-1]
     return expect_error(train_cmd(os.path.join(work(), "run-sgd"), "--resume", ckpt, "--optimizer", "sgd"), NP, 1,
-                        ckpt, "--optimizer adam", protect=[run])
+                        ckpt, "--optimizer adam", protect=[run]).line
 
 
 def test_missing_checkpoint_resume():
     missing = os.path.join(work(), "no-such.h5")
     return expect_error(train_cmd(os.path.join(work(), "run-missing"), "--resume", missing), NP, 1, missing,
-                        "no such checkpoint")
+                        "no such checkpoint").line
 
 
 def test_bad_batch_refused_before_loading():
@@ -227,17 +226,16 @@ def test_bad_batch_refused_before_loading():
         raise fl.Skip("needs 2 ranks")
     run = os.path.join(work(), "run")
     bad = str(60 * NP + 1)
-    line = expect_error(train_cmd(run, "--batch-size", bad), NP, 1, "--batch-size " + bad, "not divisible",
-                        protect=[run])
-    r = fl.mpirun(NP, train_cmd(run, "--batch-size", bad), LIMIT)
+    r = expect_error(train_cmd(run, "--batch-size", bad), NP, 1, "--batch-size " + bad, "not divisible",
+                     protect=[run])
     fl.check("resumed from" not in r.text, f"the checkpoint was loaded first: {r}")
-    return line
+    return r.line
 
 
 # ---- options -------------------------------------------------------------------------------------------------
 def test_unknown_model_option():
     return expect_error(train_cmd(os.path.join(work(), "run-opt"), "--model", "resnet"), NP, 2, "--model resnet",
-                        "unknown model")
+                        "unknown model").line
 
 
 def test_bad_option_reported_when_rank0_starts_last():
@@ -256,24 +254,24 @@ def test_bad_option_reported_when_rank0_starts_last():
 
 def test_unknown_option():
     return expect_error(train_cmd(os.path.join(work(), "run-opt"), "--lerning-rate", "1"), NP, 2, "lerning-rate",
-                        "unrecognised option")
+                        "unrecognised option").line
 
 
 def test_missing_config_file():
     missing = os.path.join(work(), "none.cfg")
     return expect_error(train_cmd(os.path.join(work(), "run-opt"), "--config", missing), NP, 2, missing,
-                        "cannot read --config file")
+                        "cannot read --config file").line
 
 
 def test_run_dir_is_a_file():
     path = os.path.join(work(), "a-file")
     open(path, "w").close()
-    return expect_error(train_cmd(path), NP, 1, path, "cannot create run directory")
+    return expect_error(train_cmd(path), NP, 1, path, "cannot create run directory").line
 
 
 def test_ckpt_tool_missing_file():
     missing = os.path.join(work(), "missing.h5")
-    return expect_error([fl.tool("h5ddp-ckpt"), "info", missing], 0, 1, missing, "no such file")
+    return expect_error([fl.tool("h5ddp-ckpt"), "info", missing], 0, 1, missing, "no such file").line
 
 
 def test_ckpt_import_garbage():
@@ -281,7 +279,8 @@ def test_ckpt_import_garbage():
     with open(junk, "wb") as f:
         f.write(b"PK\x03\x04" + os.urandom(300))
     out = os.path.join(work(), "junk-imported.h5")
-    return expect_error([fl.tool("h5ddp-ckpt"), "import", junk, "--to", out], 0, 1, junk, "damaged or truncated zip")
+    return expect_error([fl.tool("h5ddp-ckpt"), "import", junk, "--to", out], 0, 1, junk,
+                        "damaged or truncated zip").line
 
 
 TESTS = [test_data_longer_than_header, test_data_crc_mismatch, test_data_truncated, test_data_dir_missing,
