@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 
 #include "h5ddp/async_checkpoint.hpp"
 #include "h5ddp/error.hpp"
@@ -173,6 +174,11 @@ struct Checkpointer::Impl {
 Checkpointer::Checkpointer(Comm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                            CheckpointerOptions options)
     : comm_(comm), options_(std::move(options)), impl_(std::make_unique<Impl>(model, optimizer)) {
+  std::error_code ec;
+  std::filesystem::create_directories(options_.run_dir, ec);
+  comm_.raise_if_any(std::filesystem::is_directory(options_.run_dir)
+                         ? ""
+                         : "cannot create the run directory " + options_.run_dir + (ec ? ": " + ec.message() : ""));
   if (options_.async) impl_->async = std::make_unique<AsyncCheckpointer>(comm_);
   if (options_.handle_signals) {
     stop_signal::install();

@@ -10,6 +10,21 @@ target_link_libraries(train_torch_test PRIVATE h5ddp_train)
 target_compile_options(train_torch_test PRIVATE -Wno-unused-parameter -Wno-sign-compare)
 h5ddp_add_mpi_test(NAME train_torch EXE train_torch_test RANKS 1 LABELS unit TIMEOUT 120)
 
+# Checkpointer (issue 19): resume all-or-nothing, tracked state, deduced optimizer type, triggers, signals.
+h5ddp_add_test_exe(checkpointer_test checkpointer_test.cpp)
+target_link_libraries(checkpointer_test PRIVATE h5ddp_train)
+target_compile_options(checkpointer_test PRIVATE -Wno-unused-parameter -Wno-sign-compare)
+h5ddp_add_mpi_test(NAME checkpointer EXE checkpointer_test RANKS 1 2 LABELS unit TIMEOUT 180)
+
+# The README's own-loop example (DDP + Checkpointer): SIGKILL or SIGUSR1 mid-run, resume, bitwise equal.
+if(TARGET h5ddp-example-own-loop)
+  foreach(mode kill usr1)
+    h5ddp_add_script_test(NAME example_own_loop.${mode}.np2 LABELS mpi TIMEOUT 600 PROCESSORS 2
+      COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/examples/own_loop_resume.sh
+              $<TARGET_FILE:h5ddp-example-own-loop> 2 ${mode})
+  endforeach()
+endif()
+
 if(TARGET h5ddp-train)
   set(train_script_dir ${CMAKE_CURRENT_SOURCE_DIR}/train)
   h5ddp_add_script_test(NAME train_options LABELS mpi TIMEOUT 300
