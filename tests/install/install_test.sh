@@ -1,12 +1,46 @@
 #!/usr/bin/env bash
-# cmake --install into a temporary prefix, then build and run a downstream project that uses find_package(h5ddp).
+# cmake --install into a temporary prefix, then build and run a downstream project that uses find_package(h5ddp):
+#   consumer     the MPI layer alone;
+#   own_loop     tools/examples/own_loop.cpp (DDP + Checkpointer), SIGKILLed and resumed: bitwise equal to an
+#                uninterrupted run (tests/examples/own_loop_resume.sh);
+#   readme_loop  README "Use h5ddp in your own training loop", the snippet as written: 150 steps, then 300
+#                resuming (the step-100 file deleted in between must not come back), bitwise equal to 300 at once.
 set -euo pipefail
 bin="${H5DDP_BINARY_DIR:?}"; src="${H5DDP_SOURCE_DIR:?}"
+PY="${H5DDP_PYTHON:-/usr/bin/python3}"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
 cmake --install "$bin" --prefix "$tmp/prefix" >/dev/null
-test -f "$tmp/prefix/include/h5ddp/mpi_env.hpp"
-cmake -S "$src/tests/install/consumer" -B "$tmp/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+test -f "$tmp/prefix/include/h5ddp/checkpointer.hpp"
+# The README's snippet: the one cpp block of its "## Use h5ddp in your own training loop" section.
+"$PY" - "$src/README.md" "$tmp/readme_snippet.inc" <<'PYEOF'
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r"^## Use h5ddp in your own training loop\n(.*?)(?=^## )", text, re.S | re.M)
+assert m, "README.md has no '## Use h5ddp in your own training loop' section"
+blocks = re.findall(r"```cpp\n(.*?)```", m.group(1), re.S)
+assert len(blocks) == 1, f"expected one cpp block in the section, found {len(blocks)}"
+open(sys.argv[2], "w").write(blocks[0])
+PYEOF
+cmake -S "$src/tests/install/consumer" -B "$tmp/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_BUILD_TYPE=Release \
+  -DH5DDP_EXAMPLE="$src/tools/examples/own_loop.cpp" -DREADME_SNIPPET="$tmp/readme_snippet.inc" >/dev/null
 cmake --build "$tmp/build" -j2 >/dev/null
-out=$(LD_LIBRARY_PATH="$tmp/prefix/lib:${LD_LIBRARY_PATH:-}" mpirun --oversubscribe -np 2 "$tmp/build/consumer")
+export LD_LIBRARY_PATH="$tmp/prefix/lib:${LD_LIBRARY_PATH:-}"
+MPIRUN=(mpirun --oversubscribe)
+[ "$(id -u)" -eq 0 ] && MPIRUN+=(--allow-run-as-root)
+out=$("${MPIRUN[@]}" -np 2 "$tmp/build/consumer")
 echo "$out"
-grep -q "consumer: size=2 sum=3 OK" <<<"$out"
+grep -q "consumer: size=2 sum=3 OK" <<<"$out" || fail "consumer"
+
+bash "$src/tests/examples/own_loop_resume.sh" "$tmp/build/own_loop" 2 kill
+
+mkdir -p "$tmp/r1" "$tmp/r2"
+(cd "$tmp/r1" && "${MPIRUN[@]}" -np 2 "$tmp/build/readme_loop" 150) | grep -q "readme_loop: exit 0" || fail "readme 150"
+[ -f "$tmp/r1/runs/mine/ckpt-00000100.h5" ] && [ -f "$tmp/r1/runs/mine/ckpt-00000150.h5" ] || fail "readme saves"
+rm "$tmp/r1/runs/mine/ckpt-00000100.h5"
+(cd "$tmp/r1" && "${MPIRUN[@]}" -np 2 "$tmp/build/readme_loop" 300) | grep -q "readme_loop: exit 0" || fail "readme 300"
+[ ! -f "$tmp/r1/runs/mine/ckpt-00000100.h5" ] || fail "the README loop started over instead of resuming"
+(cd "$tmp/r2" && "${MPIRUN[@]}" -np 2 "$tmp/build/readme_loop" 300) | grep -q "readme_loop: exit 0" || fail "readme ref"
+"$PY" "$src/tests/train/compare_checkpoints.py" "$tmp/r1/runs/mine/ckpt-00000300.h5" "$tmp/r2/runs/mine/ckpt-00000300.h5" ||
+  fail "the README loop resumed differs from the uninterrupted one"
+echo "PASS: find_package(h5ddp) consumers: MPI, own_loop kill+resume bitwise, README snippet resume bitwise"
