@@ -46,6 +46,7 @@ if [ "${H5DDP_WITH_CUDA:-OFF}" = "ON" ]; then
   fi
   # Compile and link only (no GPU needed): the four library layers with the NCCL backend, the tools, and
   # the gpu-labelled NCCL test. The CPU-only tests and benchmarks are the same code as in $build.
-  cmake --build build-cuda -j "$jobs" --target h5ddp_core h5ddp_io h5ddp_ddp h5ddp_train h5ddp-train h5ddp-ckpt nccl_comm_test
+  cmake --build build-cuda -j "$jobs" --target h5ddp_core h5ddp_io h5ddp_ddp h5ddp_train h5ddp-train h5ddp-ckpt \
+    h5ddp-example-own-loop nccl_comm_test
 fi
 echo "setup: built in $build"

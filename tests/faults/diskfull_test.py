@@ -80,7 +80,7 @@ def test_disk_full_stop():
 def test_disk_full_inside_hdf5_stop():
     """The space check is skipped (test-only H5DDP_SKIP_SPACE_CHECK): ENOSPC hits inside HDF5's MPI-IO
     writes, the case of space taken by another writer during the save. No hang, partial removed."""
-    return disk_full_stop("diskfull-hdf5", {"H5DDP_SKIP_SPACE_CHECK": "1"})
+    return disk_full_stop("diskfull-hdf5", {"H5DDP_SKIP_SPACE_CHECK": "1", "H5DDP_TEST_HOOKS": "1"})
 
 
 def test_disk_full_continue_then_retry():

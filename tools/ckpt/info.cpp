@@ -51,9 +51,10 @@ int run_info(const Args& args) {
     total += d.nbytes();
     ++count;
   }
-  std::printf("\ntotals          %zu model tensors, %zu optimizer state tensors (%s); %zu datasets, %s\n",
-              m.model.size(), m.optimizer_state.size(), human_bytes(m.tensor_bytes).c_str(), count,
-              human_bytes(total).c_str());
+  std::printf("\ntotals          %zu model tensors, %zu optimizer state tensors%s (%s); %zu datasets, %s\n",
+              m.model.size(), m.optimizer_state.size(),
+              m.user.empty() ? "" : (", " + std::to_string(m.user.size()) + " user tensors").c_str(),
+              human_bytes(m.tensor_bytes).c_str(), count, human_bytes(total).c_str());
   return 0;
 }
 
