@@ -12,7 +12,7 @@
 
 #include "ckpt_torch/interop.hpp"
 #include "h5ddp/error.hpp"
-#include "h5ddp/log.hpp"
+#include "core/log.hpp"
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/mpi_env.hpp"
 

@@ -3,11 +3,11 @@
 // 2 bad options, 70 watchdog).
 #include <cstdio>
 
-#include "h5ddp/config.hpp"
-#include "h5ddp/log.hpp"
+#include "train/config.hpp"
+#include "core/log.hpp"
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/mpi_env.hpp"
-#include "h5ddp/trainer.hpp"
+#include "train/trainer.hpp"
 
 int main(int argc, char** argv) {
   // Every rank parses the same argv, so every rank reaches the same verdict without communicating.

@@ -10,7 +10,7 @@
 
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/mpi_env.hpp"
-#include "h5ddp/watchdog.hpp"
+#include "core/watchdog.hpp"
 
 int main(int argc, char** argv) {
   double watchdog_seconds = 2, stall_seconds = 60;

@@ -1,5 +1,5 @@
 // h5ddp::Error for the libFuzzer builds, which compile tools/ckpt_torch/{pickle,zip_directory}.cpp alone:
-// src/error.cpp also holds the MPI error helpers and would bring MPI into a sanitizer build.
+// src/core/error.cpp also holds the MPI error helpers and would bring MPI into a sanitizer build.
 #include "h5ddp/error.hpp"
 
 namespace h5ddp {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """End-to-end tests, through h5ddp-train and h5ddp-ckpt, of promises of README.md that no other test checks
-(issue 23, finding 11). Each case is its own ctest (tests/train_tests.cmake):
+(issue 23, finding 11). Each case is its own ctest (tests/train/CMakeLists.txt):
 
   promises_test.py NP CASE [CASE...]      CASE: a test_* name below, without the prefix
 
@@ -491,7 +491,7 @@ MASK = (1 << 64) - 1
 
 
 class SplitMix64:
-    """src/sampler.cpp's generator, written again from its definition."""
+    """src/train/sampler.cpp's generator, written again from its definition."""
 
     def __init__(self, seed):
         self.state = seed & MASK

@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "h5ddp/async_checkpoint.hpp"
+#include "checkpoint/async_checkpoint.hpp"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/mpi_env.hpp"

@@ -12,11 +12,11 @@
 #include <set>
 #include <sstream>
 
-#include "h5ddp/data.hpp"
+#include "train/data.hpp"
 #include "h5ddp/error.hpp"
-#include "h5ddp/format.hpp"
-#include "h5ddp/models.hpp"
-#include "h5ddp/torch_state.hpp"
+#include "checkpoint/format.hpp"
+#include "train/models.hpp"
+#include "torch/torch_state.hpp"
 #include "torch_pickle.hpp"
 
 namespace h5ddp::interop {

@@ -11,7 +11,7 @@
 
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/comm.hpp"
-#include "h5ddp/data.hpp"
+#include "train/data.hpp"
 
 namespace h5ddp::interop {
 

@@ -1,0 +1,393 @@
+// load_checkpoint: compare the file with the caller's refs, read (share + exchange, or every rank reads
+// everything), verify checksums (each dataset by one rank), fill the TrainState.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+
+#include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/direct_read.hpp"
+#include "h5ddp/error.hpp"
+#include "checkpoint/format.hpp"
+#include "core/log.hpp"
+
+namespace h5ddp {
+namespace {
+
+using ckpt::DatasetPlan;
+
+std::string describe(DType dtype, const std::vector<int64_t>& shape) {
+  return std::string(dtype_name(dtype)) + " " + ckpt::shape_string(shape);
+}
+
+// Every difference between the refs and the file, one line each ("" when they match exactly).
+std::string compare_refs(const std::string& what, const std::string& group, const std::vector<TensorRef>& refs,
+                         const std::vector<TensorInfo>& found) {
+  std::map<std::string, const TensorInfo*> in_file;
+  for (const auto& t : found) in_file[t.name] = &t;
+  std::string out;
+  for (const auto& r : refs) {
+    const std::string path = group + "/" + r.name;
+    auto it = in_file.find(r.name);
+    if (it == in_file.end()) {
+      out += "\n  missing in file: " + path + " (expected " + describe(r.dtype, r.shape) + ")";
+      continue;
+    }
+    const TensorInfo& t = *it->second;
+    if (t.dtype != r.dtype || t.shape != r.shape)
+      out += "\n  " + path + ": expected " + describe(r.dtype, r.shape) + ", found " + describe(t.dtype, t.shape);
+    else if (r.nbytes() > 0 && r.data == nullptr)
+      out += "\n  " + path + ": the destination has no memory";
+    in_file.erase(it);
+  }
+  for (const auto& [name, t] : in_file)
+    out += "\n  not in the " + what + ": " + group + "/" + name + " (" + describe(t->dtype, t->shape) + ")";
+  return out;
+}
+
+std::vector<DatasetPlan> load_plan(const std::vector<TensorRef>& refs, const std::vector<TensorInfo>& found,
+                                   std::string (*dataset_path)(const std::string&)) {
+  std::map<std::string, uint64_t> sums;
+  for (const auto& t : found) sums[t.name] = t.checksum;
+  std::vector<DatasetPlan> out;
+  for (const auto& r : refs) {
+    DatasetPlan d;
+    d.path = dataset_path(r.name);
+    d.dtype = r.dtype;
+    d.shape = r.shape;
+    d.dst = r.data;
+    d.checksum = sums.at(r.name);
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+h5::Handle open_dataset(hid_t f, const std::string& path) {
+  return h5::dataset(H5Dopen2(f, path.c_str(), H5P_DEFAULT));
+}
+
+// Broadcasts every rank's share to all ranks. A share is scattered over many tensors; one broadcast per
+// tensor piece measured several times slower than the bytes warrant (each collective pays a latency, large
+// when ranks are oversubscribed), so each owner sends its whole share in one MPI_Bcast of an hindexed
+// datatype over the destination addresses (zero-copy; groups of <= 1 GiB keep MPI's int sizes safe).
+void exchange_shares(Comm& comm, const std::vector<DatasetPlan>& plan, const std::vector<ckpt::Segment>& segments) {
+  constexpr size_t kGroupBytes = 1u << 30;
+  MPI_Comm mc = ckpt::mpi_comm_of(comm);
+  for (int owner = 0; owner < comm.size(); ++owner) {
+    std::vector<MPI_Aint> displs;
+    std::vector<int> lens;
+    size_t group = 0;
+    auto flush = [&] {
+      if (lens.empty()) return;
+      MPI_Datatype t;
+      H5DDP_CHECK_MPI(MPI_Type_create_hindexed(static_cast<int>(lens.size()), lens.data(), displs.data(), MPI_BYTE, &t));
+      H5DDP_CHECK_MPI(MPI_Type_commit(&t));
+      const int rc = MPI_Bcast(MPI_BOTTOM, 1, t, owner, mc);
+      MPI_Type_free(&t);
+      H5DDP_CHECK_MPI(rc);
+      displs.clear(), lens.clear(), group = 0;
+    };
+    for (const auto& s : segments) {
+      if (s.rank != owner) continue;
+      const auto& d = plan[s.index];
+      char* p = static_cast<char*>(d.dst) + s.row_begin * d.row_bytes();
+      size_t left = (s.row_end - s.row_begin) * d.row_bytes();
+      while (left > 0) {
+        const size_t n = std::min(left, kGroupBytes - group);
+        MPI_Aint addr;
+        H5DDP_CHECK_MPI(MPI_Get_address(p, &addr));
+        displs.push_back(addr);
+        lens.push_back(static_cast<int>(n));
+        group += n, p += n, left -= n;
+        if (group == kGroupBytes) flush();
+      }
+    }
+    flush();
+  }
+}
+
+// Reads all of `d` into d.dst in pieces of about ckpt::kLoadPieceBytes (fewer with H5DDP_MAX_TRANSFER_BYTES, which
+// tests lower) and returns the XXH3 of its bytes, each piece hashed right after it is read, while it is still
+// in the CPU cache: one pass over memory instead of two.
+uint64_t read_and_hash(hid_t ds, const DatasetPlan& d, hid_t dxpl) {
+  const size_t rb = d.row_bytes(), rows = d.rows();
+  const size_t piece = std::min<uint64_t>(ckpt::kLoadPieceBytes, ckpt::max_transfer_bytes());
+  const size_t per = std::max<size_t>(1, rb ? piece / rb : 1);
+  ckpt::StreamHash hash;
+  for (size_t r = 0; r < rows; r += per) {
+    const size_t end = std::min(rows, r + per);
+    char* p = static_cast<char*>(d.dst) + r * rb;
+    ckpt::read_rows(ds, d, r, end, p, dxpl);
+    hash.update(p, (end - r) * rb);
+  }
+  return hash.digest();
+}
+
+// Datasets smaller than this go through H5Dread even with direct reads: they are a small part of the bytes,
+// and one O_DIRECT request per small dataset would wait on the device each time.
+constexpr size_t kDirectMinBytes = 1u << 20;
+
+// Where d's bytes lie in the file when a plain read of them gives exactly what H5Dread would: contiguous
+// layout (no chunks, filters or external files), all of it allocated, and the file's type the one it is read
+// as (no conversion). std::nullopt otherwise.
+std::optional<uint64_t> raw_offset(hid_t ds, const DatasetPlan& d) {
+  const haddr_t offset = H5Dget_offset(ds);
+  if (offset == HADDR_UNDEF || H5Dget_storage_size(ds) != d.nbytes()) return std::nullopt;
+  h5::Handle stored = h5::datatype(H5Dget_type(ds));
+  h5::Handle wanted = d.file_type();
+  if (H5Tequal(stored, wanted) <= 0) return std::nullopt;
+  return static_cast<uint64_t>(offset);
+}
+
+// Whether this rank reads around the page cache (LoadOptions::direct_io). Collective when `mode` is kAuto:
+// the ranks of `comm` that share this host are found as MpiEnv finds a node's ranks (MPI_COMM_TYPE_SHARED).
+bool use_direct_io(Comm& comm, LoadOptions::DirectIo mode) {
+  if (mode != LoadOptions::DirectIo::kAuto) return mode == LoadOptions::DirectIo::kOn;
+  int on_host = 1;
+  if (comm.size() > 1) {
+    MPI_Comm host;
+    H5DDP_CHECK_MPI(MPI_Comm_split_type(ckpt::mpi_comm_of(comm), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &host));
+    MPI_Comm_size(host, &on_host);
+    MPI_Comm_free(&host);
+  }
+  if (const char* e = std::getenv("H5DDP_DIRECT_IO")) return std::string(e) != "0";
+  return on_host == 1;
+}
+
+// Reads the tensors with the chosen strategy; on return (without exception) every rank holds every byte, and
+// `hasher` holds the hash of every dataset with verify_here[i]: every-rank-reads hashes them while reading them
+// (read_and_hash, or as read_extents_direct hands over the pieces when `direct`; recorded), share + exchange
+// submits each to the background thread once its bytes are in.
+void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, LoadStrategy strategy, bool direct,
+                  const std::string& path, const std::vector<char>& verify_here, ckpt::BackgroundHasher& hasher) {
+  const int rank = comm.rank(), world = comm.size();
+  std::string error;
+  h5::Handle coll = h5::transfer(true), indep = h5::transfer(false);
+  if (strategy == LoadStrategy::kEveryRankReads) {
+    // Contiguous datasets of a directly readable type go to read_extents_direct (when `direct`), the rest
+    // through H5Dread.
+    std::vector<ckpt::FileExtent> extents;
+    std::vector<size_t> extent_slot;
+    for (size_t i = 0; i < plan.size() && error.empty(); ++i) {
+      const auto& d = plan[i];
+      if (d.nbytes() > 0)
+        error = ckpt::capture_error([&] {
+          with_context("reading " + d.path + " from " + path, [&] {
+            h5::SilenceErrors quiet;
+            h5::Handle ds = open_dataset(f, d.path);
+            if (direct && d.nbytes() >= kDirectMinBytes) {
+              if (const auto offset = raw_offset(ds, d)) {
+                extents.push_back(ckpt::FileExtent{*offset, d.nbytes(), static_cast<char*>(d.dst), d.path});
+                extent_slot.push_back(i);
+                return;
+              }
+            }
+            if (verify_here[i])
+              hasher.record(i, read_and_hash(ds, d, indep));
+            else
+              ckpt::read_rows(ds, d, 0, d.rows(), d.dst, indep);
+          });
+        });
+      else if (verify_here[i])
+        hasher.record(i, ckpt::hash_bytes(nullptr, 0));
+    }
+    if (error.empty() && !extents.empty())
+      error = ckpt::capture_error([&] {
+        // The pieces arrive in order, one extent after the other: one streaming hash at a time, recorded when
+        // its extent's last byte is in.
+        std::optional<ckpt::StreamHash> hash;
+        uint64_t hashed = 0;
+        ckpt::read_extents_direct(path, extents, [&](size_t e, const char* data, size_t n) {
+          if (!verify_here[extent_slot[e]]) return;
+          if (!hash) hash.emplace(), hashed = 0;
+          hash->update(data, n);
+          if ((hashed += n) == extents[e].n) hasher.record(extent_slot[e], hash->digest()), hash.reset();
+        });
+      });
+    ckpt::throw_if_any(comm, error);
+    return;
+  }
+  const auto segments = ckpt::compute_segments(plan, world);
+  std::vector<int> pieces(plan.size(), 0);
+  for (const auto& s : segments) ++pieces[s.index];
+  auto at_row = [&](const DatasetPlan& d, uint64_t row) { return static_cast<char*>(d.dst) + row * d.row_bytes(); };
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [&] { return std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()); };
+  // Split datasets: one collective read each, all ranks in plan order (keep calling after an error).
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (pieces[i] < 2) continue;
+    uint64_t begin = 0, end = 0;
+    size_t calls = 0;  // the most any rank needs: collective calls must match
+    for (const auto& s : segments) {
+      if (s.index != i) continue;
+      calls = std::max(calls, ckpt::transfer_count(plan[i], s.row_begin, s.row_end));
+      if (s.rank == rank) begin = s.row_begin, end = s.row_end;
+    }
+    std::string e = ckpt::capture_error([&] {
+      with_context("reading " + plan[i].path + " from " + path, [&] {
+        h5::SilenceErrors quiet;
+        h5::Handle ds = open_dataset(f, plan[i].path);
+        ckpt::read_rows(ds, plan[i], begin, end, at_row(plan[i], begin), coll, calls);
+      });
+    });
+    if (error.empty()) error = e;
+  }
+  log::debug("load: collective reads done at " + since());
+  for (const auto& s : segments) {
+    if (s.rank != rank || pieces[s.index] >= 2 || !error.empty()) continue;
+    const auto& d = plan[s.index];
+    error = ckpt::capture_error([&] {
+      with_context("reading " + d.path + " from " + path, [&] {
+        h5::SilenceErrors quiet;
+        h5::Handle ds = open_dataset(f, d.path);
+        ckpt::read_rows(ds, d, s.row_begin, s.row_end, at_row(d, s.row_begin), indep);
+      });
+    });
+  }
+  ckpt::throw_if_any(comm, error);
+  log::debug("load: own share read at " + since());
+  if (world > 1) {
+    exchange_shares(comm, plan, segments);
+    log::debug("load: exchange done at " + since());
+  }
+  for (size_t i = 0; i < plan.size(); ++i)
+    if (verify_here[i]) hasher.submit(i, plan[i].dst, plan[i].nbytes());
+}
+
+// Reads a small dataset whole (every rank), verifying its checksum.
+std::vector<uint8_t> read_small(hid_t f, const std::string& path, DatasetPlan* out_plan, const std::string& file) {
+  return with_context("reading " + path + " from " + file, [&] {
+    h5::SilenceErrors quiet;
+    h5::Handle ds = open_dataset(f, path);
+    DatasetPlan d;
+    d.path = path;
+    d.dtype = dtype_from_name(h5::read_attr_string(ds, format::kAttrDtype));
+    h5::Handle space = h5::dataspace(H5Dget_space(ds));
+    d.shape = h5::space_shape(space);
+    std::vector<uint8_t> buf(d.nbytes());
+    if (!buf.empty()) ckpt::read_rows(ds, d, 0, d.rows(), buf.data(), H5P_DEFAULT);
+    const uint64_t stored = h5::read_attr_uint(ds, format::kAttrChecksum);
+    if (ckpt::hash_bytes(buf.data(), buf.size()) != stored)
+      throw CheckpointError(file + ": checksum mismatch in dataset " + path);
+    if (out_plan) *out_plan = d;
+    return buf;
+  });
+}
+
+template <class T>
+T read_scalar(hid_t f, const char* path, const std::string& file) {
+  std::vector<uint8_t> b = read_small(f, path, nullptr, file);
+  if (b.size() != sizeof(T)) throw CheckpointError(file + ": dataset " + path + " has the wrong size");
+  T v;
+  std::memcpy(&v, b.data(), sizeof(T));
+  return v;
+}
+
+std::vector<RngState> read_rng(hid_t f, const CheckpointManifest& m, const std::string& file) {
+  std::vector<RngState> rows(m.world_size);
+  for (int which = 0; which < 2; ++which) {
+    const size_t n = which ? m.rng_cuda_bytes : m.rng_cpu_bytes;
+    if (which == 1 && n == 0) continue;
+    DatasetPlan d;
+    std::vector<uint8_t> all = read_small(f, which ? format::kRngCuda : format::kRngCpu, &d, file);
+    if (d.shape.size() != 2 || d.shape[0] != m.world_size)
+      throw CheckpointError(file + ": rng dataset has shape " + ckpt::shape_string(d.shape) + ", expected [" +
+                            std::to_string(m.world_size) + ", n]");
+    for (int r = 0; r < m.world_size; ++r) {
+      auto& dst = which ? rows[r].cuda : rows[r].cpu;
+      dst.assign(all.begin() + r * n, all.begin() + (r + 1) * n);
+    }
+  }
+  return rows;
+}
+
+}  // namespace
+
+void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, const LoadOptions& options) {
+  const int rank = comm.rank(), world = comm.size();
+  ckpt::PhaseTimer timer;
+  h5::Handle f = ckpt::open_checkpoint(&comm, path);
+  CheckpointManifest m;
+  ckpt::throw_if_any(comm, ckpt::capture_error([&] { m = ckpt::read_manifest_from(f, path); }));
+
+  std::string diff =
+      compare_refs("model", format::kModelGroup, state.model, m.model) +
+      compare_refs("optimizer state", format::kOptimizerStateGroup, state.optimizer.state, m.optimizer_state) +
+      compare_refs("user state", format::kUserGroup, state.user, m.user);
+  if (!diff.empty()) {
+    size_t n = 0;
+    for (char c : diff) n += c == '\n';
+    diff = path + " does not match the state to load into on rank " + std::to_string(rank) + " (" +
+           std::to_string(n) + " difference" + (n == 1 ? "" : "s") + "):" + diff;
+  }
+  ckpt::throw_if_any(comm, diff, /*mismatch=*/true);
+  timer.mark("open+manifest");
+
+  std::vector<DatasetPlan> plan = load_plan(state.model, m.model, format::model_dataset);
+  for (auto& d : load_plan(state.optimizer.state, m.optimizer_state, format::optimizer_state_dataset))
+    plan.push_back(std::move(d));
+  for (auto& d : load_plan(state.user, m.user, format::user_dataset)) plan.push_back(std::move(d));
+  // Each dataset's checksum is verified by one rank (shares balanced by bytes). When that rank reads the whole
+  // dataset itself (every-rank-reads) it hashes each piece as it reads it; otherwise (share + exchange) a
+  // background thread starts on the dataset as soon as its bytes are in, so verification overlaps the reads.
+  const auto owner = ckpt::assign_whole_datasets(plan, world);
+  const bool verify = options.verify_checksums;
+  ckpt::BackgroundHasher hasher(plan.size());
+  std::vector<char> verify_here(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) verify_here[i] = verify && owner[i] == rank;
+  const bool direct = options.strategy == LoadStrategy::kEveryRankReads && use_direct_io(comm, options.direct_io);
+  read_tensors(comm, f, plan, options.strategy, direct, path, verify_here, hasher);
+  timer.mark("read");
+
+  std::string problems;
+  const std::vector<uint64_t> hashed = hasher.finish();
+  for (size_t i = 0; i < plan.size(); ++i)
+    if (verify_here[i] && hashed[i] != plan[i].checksum)
+      problems += "\n  checksum mismatch in dataset " + plan[i].path;
+  if (!problems.empty()) problems = path + ": corrupt data (the file's bytes do not match their xxh3):" + problems;
+  ckpt::throw_if_any(comm, problems);
+  timer.mark("verify");
+
+  TrainState loaded;
+  ckpt::throw_if_any(comm, ckpt::capture_error([&] {
+    loaded.counters.step = read_scalar<int64_t>(f, format::kTrainStep, path);
+    loaded.counters.epoch = read_scalar<int64_t>(f, format::kTrainEpoch, path);
+    loaded.counters.samples_consumed = read_scalar<int64_t>(f, format::kTrainSamplesConsumed, path);
+    loaded.data.seed = read_scalar<uint64_t>(f, format::kDataSeed, path);
+    loaded.data.epoch = read_scalar<int64_t>(f, format::kDataEpoch, path);
+    loaded.data.position = read_scalar<int64_t>(f, format::kDataPosition, path);
+    loaded.data.global_batch = read_scalar<int64_t>(f, format::kDataGlobalBatch, path);
+    loaded.rng_by_rank = read_rng(f, m, path);
+    with_context("reading " + std::string(format::kSchedulerGroup) + " from " + path, [&] {
+      h5::SilenceErrors quiet;
+      h5::Handle g = h5::group(H5Gopen2(f, format::kSchedulerGroup, H5P_DEFAULT));
+      for (const auto& a : h5::attr_names(g)) {
+        if (a == format::kAttrSchedulerType)
+          loaded.scheduler.type = h5::read_attr_string(g, a);
+        else
+          loaded.scheduler.values[a] = h5::read_attr_double(g, a);
+      }
+      h5::Handle meta = h5::group(H5Gopen2(f, format::kMetaGroup, H5P_DEFAULT));
+      for (const auto& a : h5::attr_names(meta)) loaded.meta[a] = h5::read_attr_string(meta, a);
+    });
+  }));
+  f.close();
+
+  state.counters = loaded.counters;
+  state.data = loaded.data;
+  state.scheduler = std::move(loaded.scheduler);
+  state.meta = std::move(loaded.meta);
+  state.optimizer.type = m.optimizer_type;
+  state.optimizer.groups = m.param_groups;
+  state.rng_by_rank = std::move(loaded.rng_by_rank);
+  state.saved_world_size = m.world_size;
+  if (rank < m.world_size) state.rng = state.rng_by_rank[rank];
+  timer.mark("small");
+  log::debug("load " + path + ":" + timer.timeline());
+}
+
+}  // namespace h5ddp

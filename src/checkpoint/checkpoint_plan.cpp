@@ -1,0 +1,269 @@
+// The checkpoint plan: which datasets a TrainState becomes, in which order, and which rank handles which
+// rows. The share computations are pure functions (tested without MPI).
+#include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <set>
+
+#include "checkpoint/checkpoint_internal.hpp"
+#include "h5ddp/error.hpp"
+#include "checkpoint/format.hpp"
+#include "core/log.hpp"
+#include "h5ddp/mpi_comm.hpp"
+
+namespace h5ddp::ckpt {
+
+size_t DatasetPlan::nbytes() const {
+  size_t n = string_size > 0 ? string_size : dtype_size(dtype);
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+size_t DatasetPlan::rows() const { return shape.empty() ? 1 : static_cast<size_t>(shape[0]); }
+size_t DatasetPlan::row_bytes() const { return rows() == 0 ? 0 : nbytes() / rows(); }
+h5::Handle DatasetPlan::file_type() const {
+  return string_size > 0 ? h5::fixed_string_type(string_size) : h5::file_type(dtype);
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::vector<Segment> compute_segments(const std::vector<DatasetPlan>& datasets, int world) {
+  uint64_t total = 0;
+  for (const auto& d : datasets) total += d.nbytes();
+  // Share r covers global bytes [bound(r), bound(r+1)); a row belongs to the share holding its first byte.
+  auto bound = [&](int r) -> uint64_t {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(total) * r) / world);
+  };
+  std::vector<Segment> out;
+  uint64_t offset = 0;
+  for (size_t i = 0; i < datasets.size(); ++i) {
+    const uint64_t rows = datasets[i].rows(), rb = datasets[i].row_bytes(), n = datasets[i].nbytes();
+    if (n == 0) continue;
+    // first_row(r): the first row whose first byte lies at or after bound(r).
+    auto first_row = [&](int r) -> uint64_t {
+      if (r >= world) return rows;
+      const uint64_t b = bound(r);
+      if (b <= offset) return 0;
+      return std::min<uint64_t>(rows, (b - offset + rb - 1) / rb);
+    };
+    for (int r = 0; r < world; ++r) {
+      const uint64_t begin = first_row(r), end = first_row(r + 1);
+      if (end > begin) out.push_back(Segment{i, r, begin, end});
+    }
+    offset += n;
+  }
+  return out;
+}
+
+std::vector<int> assign_whole_datasets(const std::vector<DatasetPlan>& datasets, int world) {
+  std::vector<size_t> order(datasets.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return datasets[a].nbytes() > datasets[b].nbytes(); });
+  std::vector<uint64_t> load(world, 0);
+  std::vector<int> owner(datasets.size(), 0);
+  for (size_t i : order) {
+    const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[i] = r;
+    load[r] += datasets[i].nbytes() + 1;  // +1: spread empty datasets too
+  }
+  return owner;
+}
+
+namespace {
+
+DatasetPlan tensor_plan(const std::string& path, const TensorRef& t) {
+  DatasetPlan d;
+  d.path = path;
+  d.dtype = t.dtype;
+  d.shape = t.shape;
+  d.src = t.data;
+  d.tensor = true;
+  for (int64_t s : t.shape)
+    if (s < 0) throw CheckpointError("tensor '" + t.name + "' has a negative dimension " + shape_string(t.shape));
+  if (t.nbytes() > 0 && t.data == nullptr) throw CheckpointError("tensor '" + t.name + "' has no data pointer");
+  return d;
+}
+
+template <class T>
+DatasetPlan scalar_plan(SavePlan& plan, const char* path, DType dtype, T value) {
+  auto& buf = plan.storage.emplace_back(sizeof(T));
+  std::memcpy(buf.data(), &value, sizeof(T));
+  DatasetPlan d;
+  d.path = path;
+  d.dtype = dtype;
+  d.src = buf.data();
+  return d;
+}
+
+std::string hex_double(double v) {
+  char b[64];
+  std::snprintf(b, sizeof(b), "%a", v);
+  return b;
+}
+
+void add_local_datasets(SavePlan& plan, const TrainState& state) {
+  std::set<std::string> seen;
+  auto add = [&](DatasetPlan d) {
+    if (!seen.insert(d.path).second) throw CheckpointError("two tensors map to the same dataset " + d.path);
+    plan.datasets.push_back(std::move(d));
+  };
+  for (const auto& t : state.model) add(tensor_plan(format::model_dataset(t.name), t));
+  for (const auto& t : state.optimizer.state) add(tensor_plan(format::optimizer_state_dataset(t.name), t));
+  for (const auto& t : state.user) add(tensor_plan(format::user_dataset(t.name), t));
+  for (size_t g = 0; g < state.optimizer.groups.size(); ++g) {
+    const auto& names = state.optimizer.groups[g].params;
+    if (names.empty()) continue;
+    size_t len = 1;
+    for (const auto& n : names) len = std::max(len, n.size());
+    auto& buf = plan.storage.emplace_back(names.size() * len, 0);
+    for (size_t i = 0; i < names.size(); ++i) std::memcpy(buf.data() + i * len, names[i].data(), names[i].size());
+    DatasetPlan d;
+    d.path = format::param_group_path(g) + "/" + format::kParamNamesDataset;
+    d.string_size = len;
+    d.shape = {static_cast<int64_t>(names.size())};
+    d.src = buf.data();
+    add(std::move(d));
+  }
+  add(scalar_plan(plan, format::kTrainStep, DType::kI64, state.counters.step));
+  add(scalar_plan(plan, format::kTrainEpoch, DType::kI64, state.counters.epoch));
+  add(scalar_plan(plan, format::kTrainSamplesConsumed, DType::kI64, state.counters.samples_consumed));
+  add(scalar_plan(plan, format::kDataSeed, DType::kU64, state.data.seed));
+  add(scalar_plan(plan, format::kDataEpoch, DType::kI64, state.data.epoch));
+  add(scalar_plan(plan, format::kDataPosition, DType::kI64, state.data.position));
+  add(scalar_plan(plan, format::kDataGlobalBatch, DType::kI64, state.data.global_batch));
+}
+
+void add_rng_datasets(Comm& comm, SavePlan& plan, const TrainState& state) {
+  auto add = [&](DatasetPlan d) { plan.datasets.push_back(std::move(d)); };
+  // RNG rows differ per rank by design: gather them so every rank holds (and can checksum) the whole matrix.
+  const int world = comm.size();
+  uint64_t sizes[2] = {state.rng.cpu.size(), state.rng.cuda.size()};
+  std::vector<uint64_t> all_sizes(2 * world);
+  comm.allgather(sizes, all_sizes.data(), 2, DType::kU64);
+  for (int which = 0; which < 2; ++which) {
+    std::string seen_sizes;
+    bool same = true;
+    for (int r = 0; r < world; ++r) {
+      same = same && all_sizes[2 * r + which] == all_sizes[which];
+      seen_sizes += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + "=" + std::to_string(all_sizes[2 * r + which]);
+    }
+    if (!same)
+      throw_agreed(DisagreementError(std::string("ranks disagree on the size of their ") +
+                                     (which ? "CUDA" : "CPU") + " generator state: " + seen_sizes));
+  }
+  for (int which = 0; which < 2; ++which) {
+    const auto& mine = which ? state.rng.cuda : state.rng.cpu;
+    const uint64_t n = all_sizes[which];
+    if (which == 1 && n == 0) continue;  // /rng/cuda only when there is one
+    auto& buf = plan.storage.emplace_back(n * world);
+    if (n) comm.allgather(mine.data(), buf.data(), n, DType::kU8);
+    DatasetPlan d;
+    d.path = which ? format::kRngCuda : format::kRngCpu;
+    d.dtype = DType::kU8;
+    d.shape = {world, static_cast<int64_t>(n)};
+    d.src = buf.data();
+    add(std::move(d));
+  }
+}
+
+}  // namespace
+
+SavePlan make_save_plan(Comm& comm, const TrainState& state) {
+  SavePlan plan;
+  // Local part first (it may throw on a bad name); agree on its outcome before the collective part.
+  throw_if_any(comm, capture_error([&] { add_local_datasets(plan, state); }));
+  add_rng_datasets(comm, plan, state);
+
+  std::string desc;
+  for (auto& d : plan.datasets) {
+    if (!d.tensor) d.checksum = hash_bytes(d.src, d.nbytes());
+    desc += d.path + "|" + (d.string_size ? "str" + std::to_string(d.string_size) : dtype_name(d.dtype)) + "|" +
+            shape_string(d.shape) + "\n";
+  }
+  desc += "optimizer=" + state.optimizer.type + "\n";
+  for (const auto& g : state.optimizer.groups)
+    for (const auto& [k, v] : g.hyper) desc += "hyper " + k + "=" + hex_double(v) + "\n";
+  desc += "scheduler=" + state.scheduler.type + "\n";
+  for (const auto& [k, v] : state.scheduler.values) desc += "sched " + k + "=" + hex_double(v) + "\n";
+  for (const auto& [k, v] : state.meta) desc += "meta " + k + "=" + v + "\n";
+  plan.structure_hash = hash_bytes(desc.data(), desc.size());
+  return plan;
+}
+
+void select_rows(hid_t space, const std::vector<int64_t>& shape, uint64_t begin, uint64_t end) {
+  if (begin == end) {
+    H5DDP_CHECK_H5(H5Sselect_none(space));
+    return;
+  }
+  if (shape.empty()) {
+    H5DDP_CHECK_H5(H5Sselect_all(space));
+    return;
+  }
+  std::vector<hsize_t> start(shape.size(), 0), count(shape.begin(), shape.end());
+  start[0] = begin;
+  count[0] = end - begin;
+  H5DDP_CHECK_H5(H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr));
+}
+
+std::string strip_process_tag(const std::string& message) {
+  const std::string tag = process_tag() + " ";
+  return message.compare(0, tag.size(), tag) == 0 ? message.substr(tag.size()) : message;
+}
+
+void throw_if_any(Comm& comm, const std::string& local_error, bool mismatch) {
+  int32_t first = local_error.empty() ? std::numeric_limits<int32_t>::max() : comm.rank();
+  comm.allreduce(&first, 1, DType::kI32, ReduceOp::kMin);
+  if (first == std::numeric_limits<int32_t>::max()) return;
+  std::string msg = comm.broadcast_string(local_error, first);
+  if (first != comm.rank()) msg = "rank " + std::to_string(first) + " failed: " + msg;
+  if (mismatch) throw_agreed(CheckpointMismatchError(msg));
+  throw_agreed(CheckpointError(msg));
+}
+
+MPI_Comm mpi_comm_of(Comm& comm) {
+  if (auto* m = dynamic_cast<MpiComm*>(&comm)) return m->handle();
+  int world_rank = 0, world_size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  if (world_size != comm.size() || world_rank != comm.rank())
+    throw ConfigError("checkpoint I/O needs an MPI communicator: pass an MpiComm (the " + comm.backend() +
+                      " communicator does not span MPI_COMM_WORLD in the same rank order)");
+  static MPI_Comm world_dup = [] {
+    MPI_Comm c;
+    MPI_Comm_dup(MPI_COMM_WORLD, &c);
+    return c;
+  }();
+  return world_dup;
+}
+
+void maybe_inject_fault(const char* phase, int rank) {
+  // Armed only with H5DDP_TEST_HOOKS=1 as well, so a stray H5DDP_FAULT_INJECT in a production environment
+  // (a copied job script, an exported shell variable) cannot kill a real run: it is ignored with a warning.
+  static const std::string spec = [] {
+    const char* e = std::getenv("H5DDP_FAULT_INJECT");
+    if (e == nullptr || *e == '\0') return std::string();
+    const char* armed = std::getenv("H5DDP_TEST_HOOKS");
+    if (armed == nullptr || std::string(armed) != "1") {
+      log::warn(std::string("ignoring H5DDP_FAULT_INJECT=") + e +
+                ": a test-only hook, armed only with H5DDP_TEST_HOOKS=1");
+      return std::string();
+    }
+    return std::string(e);
+  }();
+  if (spec.empty()) return;
+  const size_t colon = spec.find(':');
+  if (spec.substr(0, colon) != phase) return;
+  const std::string who = colon == std::string::npos ? "all" : spec.substr(colon + 1);
+  if (who == "all" || who == std::to_string(rank)) {
+    log::warn(std::string("H5DDP_FAULT_INJECT: killing this rank at ") + phase);
+    std::raise(SIGKILL);
+  }
+}
+
+}  // namespace h5ddp::ckpt

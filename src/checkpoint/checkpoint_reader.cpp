@@ -1,0 +1,254 @@
+// Reading checkpoints: open + format checks, the manifest, and load_checkpoint (share + exchange, or
+// every rank reads everything).
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "checkpoint/checkpoint_internal.hpp"
+#include "h5ddp/error.hpp"
+#include "checkpoint/format.hpp"
+#include "core/log.hpp"
+
+namespace h5ddp {
+
+size_t TensorInfo::nbytes() const {
+  size_t n = dtype_size(dtype);
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+namespace ckpt {
+namespace {
+
+std::string check_openable(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return path + ": no such file";
+  if (!std::filesystem::is_regular_file(path, ec)) return path + ": not a regular file";
+  if (!h5::is_hdf5_file(path)) return path + ": not an HDF5 file (no HDF5 signature)";
+  const auto size = std::filesystem::file_size(path, ec);
+  const auto end = h5::stored_end_of_file(path);
+  if (!ec && end && size < *end)
+    return path + ": file truncated: it has " + std::to_string(size) + " bytes, its HDF5 superblock says " +
+           std::to_string(*end) + " (a copy or a write that did not finish?)";
+  return "";
+}
+
+void check_format(hid_t f, const std::string& path) {
+  if (!h5::has_attr(f, format::kAttrFormat))
+    throw CheckpointError(path + ": an HDF5 file but not an h5ddp checkpoint (no root attribute '" +
+                          format::kAttrFormat + "')");
+  const std::string name = h5::read_attr_string(f, format::kAttrFormat);
+  if (name != format::kFormatName)
+    throw CheckpointError(path + ": an HDF5 file but not an h5ddp checkpoint (format is '" + name + "')");
+  const int64_t version = h5::read_attr_int(f, format::kAttrFormatVersion);
+  if (version != format::kFormatVersion)
+    throw CheckpointError(path + ": unsupported checkpoint format version " + std::to_string(version) +
+                          " (this h5ddp reads version " + std::to_string(format::kFormatVersion) + ")");
+}
+
+DType dataset_dtype(hid_t ds, const std::string& path) {
+  const std::string name = h5::read_attr_string(ds, format::kAttrDtype);
+  try {
+    return dtype_from_name(name);
+  } catch (const Error&) {
+    throw CheckpointError("dataset " + path + " has unknown dtype '" + name + "'");
+  }
+}
+
+TensorInfo tensor_info(hid_t f, const std::string& dataset_path, const std::string& name) {
+  return with_context("reading " + dataset_path, [&] {
+    h5::Handle ds = h5::dataset(H5Dopen2(f, dataset_path.c_str(), H5P_DEFAULT));
+    h5::Handle space = h5::dataspace(H5Dget_space(ds));
+    TensorInfo t;
+    t.name = name;
+    t.dtype = dataset_dtype(ds, dataset_path);
+    t.shape = h5::space_shape(space);
+    t.checksum = h5::read_attr_uint(ds, format::kAttrChecksum);
+    return t;
+  });
+}
+
+std::vector<std::string> read_strings(hid_t f, const std::string& path, size_t* string_size) {
+  h5::Handle ds = h5::dataset(H5Dopen2(f, path.c_str(), H5P_DEFAULT));
+  h5::Handle type = h5::datatype(H5Dget_type(ds));
+  h5::Handle space = h5::dataspace(H5Dget_space(ds));
+  if (H5Tget_class(type) != H5T_STRING || H5Tis_variable_str(type) > 0)
+    throw CheckpointError("dataset " + path + " is not a fixed-length string dataset");
+  const size_t len = H5Tget_size(type);
+  const auto shape = h5::space_shape(space);
+  const size_t n = shape.empty() ? 1 : static_cast<size_t>(shape[0]);
+  std::vector<char> buf(n * len);
+  if (!buf.empty()) H5DDP_CHECK_H5(H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()));
+  std::vector<std::string> out;
+  for (size_t i = 0; i < n; ++i) {
+    std::string s(buf.data() + i * len, len);
+    out.push_back(s.substr(0, s.find('\0')));
+  }
+  if (string_size) *string_size = len;
+  return out;
+}
+
+std::vector<std::string> numeric_children(hid_t f, const std::string& group) {
+  auto names = h5::children(f, group);
+  for (const auto& n : names)
+    if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos)
+      throw CheckpointError("unexpected object " + group + "/" + n);
+  std::sort(names.begin(), names.end(), [](const auto& a, const auto& b) { return std::stoll(a) < std::stoll(b); });
+  return names;
+}
+
+}  // namespace
+
+h5::Handle open_checkpoint(Comm* comm, const std::string& path) {
+  std::string error;
+  if (!comm || comm->rank() == 0) error = check_openable(path);
+  if (comm) {
+    throw_if_any(*comm, error);
+  } else if (!error.empty()) {
+    throw CheckpointError(error);
+  }
+  h5::Handle f;
+  error = capture_error([&] {
+    h5::Handle fapl = comm ? h5::mpio_file_access(mpi_comm_of(*comm)) : h5::serial_file_access();
+    h5::SilenceErrors quiet;
+    const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);
+    if (id < 0) {
+      const std::string why = h5::innermost_error_text();
+      H5Eclear2(H5E_DEFAULT);
+      throw CheckpointError(path + ": cannot be opened as an HDF5 file, damaged or truncated" +
+                            (why.empty() ? std::string() : " (HDF5: " + why + ")"));
+    }
+    f = h5::Handle(id, H5Fclose);
+    check_format(f, path);  // collective metadata reads: every rank sees the same answer
+  });
+  if (comm) throw_if_any(*comm, error);
+  else if (!error.empty()) throw CheckpointError(error);
+  return f;
+}
+
+CheckpointManifest read_manifest_from(hid_t f, const std::string& path) {
+  return with_context("reading the manifest of " + path, [&] {
+    h5::SilenceErrors quiet;
+    CheckpointManifest m;
+    m.path = path;
+    m.format_version = static_cast<int>(h5::read_attr_int(f, format::kAttrFormatVersion));
+    m.step = h5::read_attr_int(f, format::kAttrStep);
+    m.world_size = static_cast<int>(h5::read_attr_int(f, format::kAttrWorldSize));
+    m.h5ddp_version = h5::read_attr_string(f, format::kAttrH5ddpVersion);
+    m.torch_version = h5::read_attr_string(f, format::kAttrTorchVersion);
+    m.created = h5::read_attr_string(f, format::kAttrCreated);
+    for (const auto& key : h5::children(f, format::kModelGroup))
+      m.model.push_back(tensor_info(f, std::string(format::kModelGroup) + "/" + key, key));
+    {
+      h5::Handle opt = h5::group(H5Gopen2(f, format::kOptimizerGroup, H5P_DEFAULT));
+      m.optimizer_type = h5::read_attr_string(opt, format::kAttrOptimizerType);
+    }
+    for (const auto& idx : numeric_children(f, format::kParamGroupsGroup)) {
+      const std::string gpath = std::string(format::kParamGroupsGroup) + "/" + idx;
+      h5::Handle g = h5::group(H5Gopen2(f, gpath.c_str(), H5P_DEFAULT));
+      ParamGroup pg;
+      for (const auto& a : h5::attr_names(g)) pg.hyper[a] = h5::read_attr_double(g, a);
+      const std::string names = gpath + "/" + format::kParamNamesDataset;
+      if (h5::exists(f, names)) pg.params = read_strings(f, names, nullptr);
+      m.param_groups.push_back(std::move(pg));
+    }
+    for (const auto& param : h5::children(f, format::kOptimizerStateGroup)) {
+      const std::string ppath = std::string(format::kOptimizerStateGroup) + "/" + param;
+      for (const auto& key : h5::children(f, ppath))
+        m.optimizer_state.push_back(tensor_info(f, ppath + "/" + key, param + "/" + key));
+    }
+    if (h5::exists(f, format::kUserGroup))
+      for (const auto& key : h5::children(f, format::kUserGroup))
+        m.user.push_back(tensor_info(f, format::user_dataset(key), key));
+    m.rng_cpu_bytes = static_cast<size_t>(tensor_info(f, format::kRngCpu, "cpu").shape.at(1));
+    if (h5::exists(f, format::kRngCuda))
+      m.rng_cuda_bytes = static_cast<size_t>(tensor_info(f, format::kRngCuda, "cuda").shape.at(1));
+    for (const auto& t : m.model) m.tensor_bytes += t.nbytes();
+    for (const auto& t : m.optimizer_state) m.tensor_bytes += t.nbytes();
+    for (const auto& t : m.user) m.tensor_bytes += t.nbytes();
+    return m;
+  });
+}
+
+std::vector<DatasetPlan> manifest_datasets(hid_t f, const CheckpointManifest& m) {
+  std::vector<DatasetPlan> out;
+  auto tensor = [&](const std::string& path, const TensorInfo& t) {
+    DatasetPlan d;
+    d.path = path;
+    d.dtype = t.dtype;
+    d.shape = t.shape;
+    d.checksum = t.checksum;
+    out.push_back(std::move(d));
+  };
+  for (const auto& t : m.model) tensor(format::model_dataset(t.name), t);
+  for (const auto& t : m.optimizer_state) tensor(format::optimizer_state_dataset(t.name), t);
+  for (const auto& t : m.user) tensor(format::user_dataset(t.name), t);
+  for (size_t g = 0; g < m.param_groups.size(); ++g) {
+    const std::string path = format::param_group_path(g) + "/" + format::kParamNamesDataset;
+    if (!h5::exists(f, path)) continue;
+    DatasetPlan d;
+    d.path = path;
+    d.shape = {static_cast<int64_t>(read_strings(f, path, &d.string_size).size())};
+    h5::Handle ds = h5::dataset(H5Dopen2(f, path.c_str(), H5P_DEFAULT));
+    d.checksum = h5::read_attr_uint(ds, format::kAttrChecksum);
+    out.push_back(std::move(d));
+  }
+  std::vector<const char*> fixed = {format::kTrainStep, format::kTrainEpoch, format::kTrainSamplesConsumed,
+                                    format::kDataSeed, format::kDataEpoch, format::kDataPosition,
+                                    format::kDataGlobalBatch, format::kRngCpu};
+  if (m.rng_cuda_bytes) fixed.push_back(format::kRngCuda);
+  for (const char* path : fixed) {
+    if (!h5::exists(f, path)) throw CheckpointError(m.path + ": required dataset " + path + " is missing");
+    tensor(path, tensor_info(f, path, path));
+  }
+  return out;
+}
+
+uint64_t max_transfer_bytes() {
+  static const uint64_t v = [] {
+    const char* e = std::getenv("H5DDP_MAX_TRANSFER_BYTES");
+    const uint64_t n = e ? std::strtoull(e, nullptr, 10) : 0;
+    return n > 0 ? std::min(n, kMaxTransferBytes) : kMaxTransferBytes;
+  }();
+  return v;
+}
+
+size_t transfer_count(const DatasetPlan& d, uint64_t begin, uint64_t end) {
+  const uint64_t per = std::max<uint64_t>(1, d.row_bytes() ? max_transfer_bytes() / d.row_bytes() : 1);
+  return static_cast<size_t>((end - begin + per - 1) / per);
+}
+
+void read_rows(hid_t ds, const DatasetPlan& d, uint64_t begin, uint64_t end, void* buf, hid_t dxpl,
+               size_t min_calls) {
+  h5::Handle type = d.file_type();
+  h5::Handle fspace = h5::dataspace(H5Dget_space(ds));
+  const uint64_t per = std::max<uint64_t>(1, d.row_bytes() ? max_transfer_bytes() / d.row_bytes() : 1);
+  const size_t calls = std::max<size_t>({min_calls, transfer_count(d, begin, end), 1});
+  for (size_t i = 0; i < calls; ++i) {
+    const uint64_t b = std::min(end, begin + i * per), e = std::min(end, b + per);
+    select_rows(fspace, d.shape, b, e);
+    std::vector<int64_t> mshape = d.shape;
+    if (!mshape.empty()) mshape[0] = static_cast<int64_t>(e - b);
+    h5::Handle mspace = h5::make_space(mshape);
+    if (b == e) H5DDP_CHECK_H5(H5Sselect_none(mspace));
+    H5DDP_CHECK_H5(H5Dread(ds, type, mspace, fspace, dxpl, static_cast<char*>(buf) + (b - begin) * d.row_bytes()));
+  }
+}
+
+}  // namespace ckpt
+
+CheckpointManifest read_manifest(Comm& comm, const std::string& path) {
+  h5::Handle f = ckpt::open_checkpoint(&comm, path);
+  CheckpointManifest m;
+  ckpt::throw_if_any(comm, ckpt::capture_error([&] { m = ckpt::read_manifest_from(f, path); }));
+  return m;
+}
+
+CheckpointManifest read_manifest_serial(const std::string& path) {
+  h5::Handle f = ckpt::open_checkpoint(nullptr, path);
+  return ckpt::read_manifest_from(f, path);
+}
+
+}  // namespace h5ddp

@@ -1,0 +1,411 @@
+#include "h5ddp/ddp.hpp"
+
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <c10/util/strides.h>
+
+#include <chrono>
+#include <map>
+#include <sstream>
+
+#include "h5ddp/error.hpp"
+#include "core/log.hpp"
+
+namespace h5ddp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+DType to_dtype(torch::ScalarType t) {
+  if (auto d = dtype_of(t)) return *d;
+  throw ConfigError(std::string("DDP: unsupported tensor dtype ") + c10::toString(t));
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// Autograd post hook on a parameter's AccumulateGrad node: runs after .grad holds this backward's gradient.
+class GradReadyHook final : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(DistributedDataParallel* ddp, size_t index) : ddp_(ddp), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    ddp_->on_grad_ready(index_);
+    return outputs;
+  }
+
+ private:
+  DistributedDataParallel* ddp_;
+  size_t index_;
+};
+
+// Broadcasts tensors from `root` through `comm`, coalesced into flat buffers of at most `chunk_bytes` per
+// dtype and device, so a model with hundreds of small tensors costs a few broadcasts. Collective.
+void broadcast_coalesced(Comm& host, Comm* device, const std::vector<torch::Tensor>& tensors, int root,
+                         size_t chunk_bytes) {
+  torch::NoGradGuard no_grad;
+  std::map<std::pair<int, std::string>, std::vector<torch::Tensor>> groups;  // ordered: same on all ranks
+  for (const auto& t : tensors)
+    groups[{static_cast<int>(t.scalar_type()), t.device().str()}].push_back(t);
+  for (auto& [key, group] : groups) {
+    Comm& comm = group.front().is_cuda() ? *device : host;
+    size_t i = 0;
+    while (i < group.size()) {
+      size_t j = i, bytes = 0;
+      while (j < group.size() && (j == i || bytes + group[j].nbytes() <= chunk_bytes)) bytes += group[j++].nbytes();
+      std::vector<torch::Tensor> flat_parts;
+      for (size_t k = i; k < j; ++k) flat_parts.push_back(group[k].reshape(-1));
+      torch::Tensor flat = torch::cat(flat_parts).contiguous();
+      comm.broadcast(flat.data_ptr(), static_cast<size_t>(flat.numel()), to_dtype(flat.scalar_type()), root);
+      int64_t off = 0;
+      for (size_t k = i; k < j; ++k) {
+        const int64_t n = group[k].numel();
+        group[k].copy_(flat.narrow(0, off, n).view(group[k].sizes()));
+        off += n;
+      }
+      i = j;
+    }
+  }
+}
+
+}  // namespace
+
+std::optional<DType> dtype_of(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return DType::kF32;
+    case torch::kDouble: return DType::kF64;
+    case torch::kHalf: return DType::kF16;
+    case torch::kBFloat16: return DType::kBF16;
+    case torch::kLong: return DType::kI64;
+    case torch::kInt: return DType::kI32;
+    case torch::kShort: return DType::kI16;
+    case torch::kChar: return DType::kI8;
+    case torch::kByte: return DType::kU8;
+    case torch::kBool: return DType::kBool;
+    default: return std::nullopt;
+  }
+}
+
+struct DistributedDataParallel::Bucket {
+  torch::Tensor buffer;  // flat; the last bucket has one extra trailing element (see finish_backward)
+  int64_t grad_numel = 0;
+  size_t pending = 0;    // parameters whose gradient is not ready yet in this step
+  std::unique_ptr<Work> work;
+  Comm* comm = nullptr;
+};
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, Comm& comm,
+                                                 DdpOptions options)
+    : module_(std::move(module)), comm_(comm), options_(options) {
+  H5DDP_CHECK(module_ != nullptr, "DistributedDataParallel: module is null");
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) {
+      buffers_.push_back(item.value());  // frozen parameters are only kept identical, like buffers
+      continue;
+    }
+    params_.push_back(item.value());
+    param_names_.push_back(item.key());
+  }
+  for (const auto& item : module_->named_buffers(/*recurse=*/true)) buffers_.push_back(item.value());
+
+  check_same_model();
+
+  const auto t0 = Clock::now();
+  std::vector<torch::Tensor> all = params_;
+  all.insert(all.end(), buffers_.begin(), buffers_.end());
+  broadcast_coalesced(comm_, options_.device_comm, all, 0, options_.bucket_cap_bytes);
+  stats_.broadcast_seconds += seconds_since(t0);
+
+  build_buckets();
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  for (size_t i = 0; i < accumulators_.size(); ++i)
+    if (accumulators_[i]) accumulators_[i]->del_post_hook(hook_keys_[i]);
+  // Outstanding Work (a backward without finish_backward) completes in its own destructor.
+}
+
+void DistributedDataParallel::check_same_model() {
+  // Local problems first (agreed on, so every rank throws together).
+  std::string local_error;
+  bool has_cuda = false;
+  for (const auto& p : params_) has_cuda = has_cuda || p.is_cuda();
+  for (const auto& b : buffers_) has_cuda = has_cuda || b.is_cuda();
+  if (has_cuda && options_.device_comm == nullptr)
+    local_error = "DDP: the module has CUDA tensors but DdpOptions::device_comm (an NcclComm) is not set";
+  if (options_.device_comm && options_.device_comm->size() != comm_.size())
+    local_error = "DDP: device_comm has " + std::to_string(options_.device_comm->size()) + " ranks, comm has " +
+                  std::to_string(comm_.size());
+  for (const auto& p : params_) {
+    if (!p.is_cuda() && !p.device().is_cpu()) local_error = "DDP: unsupported device " + p.device().str();
+    if (p.is_sparse()) local_error = "DDP: sparse parameters are not supported";
+  }
+  comm_.raise_if_any(local_error);
+
+  // Signature: options, then each parameter and buffer as "kind name dtype[shape]".
+  std::vector<std::string> entries;
+  entries.push_back("options first_bucket_bytes=" + std::to_string(options_.first_bucket_bytes) +
+                    " bucket_cap_bytes=" + std::to_string(options_.bucket_cap_bytes) +
+                    " broadcast_buffers=" + std::to_string(options_.broadcast_buffers) +
+                    " find_unused_parameters=" + std::to_string(options_.find_unused_parameters));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    std::ostringstream s;
+    s << "parameter '" << param_names_[i] << "' " << dtype_name(to_dtype(params_[i].scalar_type()))
+      << params_[i].sizes() << " on " << (params_[i].is_cuda() ? "cuda" : "cpu");
+    entries.push_back(s.str());
+  }
+  for (const auto& item : module_->named_buffers(true)) {
+    std::ostringstream s;
+    s << "buffer '" << item.key() << "' " << dtype_name(to_dtype(item.value().scalar_type())) << item.value().sizes();
+    entries.push_back(s.str());
+  }
+  for (const auto& item : module_->named_parameters(true))
+    if (!item.value().requires_grad()) entries.push_back("frozen parameter '" + item.key() + "'");
+  std::string joined;
+  for (const auto& e : entries) joined += e + "\n";
+  if (comm_.agree(fnv1a(joined))) return;
+
+  // Disagreement: every rank compares with rank 0's signature and says what differs first.
+  const std::string root_sig = comm_.broadcast_string(joined, 0);
+  std::vector<std::string> root_entries;
+  {
+    std::istringstream in(root_sig);
+    for (std::string line; std::getline(in, line);) root_entries.push_back(line);
+  }
+  std::string diff;
+  if (root_sig != joined) {
+    size_t k = 0;
+    while (k < entries.size() && k < root_entries.size() && entries[k] == root_entries[k]) ++k;
+    const std::string mine = k < entries.size() ? entries[k] : "nothing more";
+    const std::string theirs = k < root_entries.size() ? root_entries[k] : "nothing more";
+    diff = "entry " + std::to_string(k) + ": rank " + std::to_string(comm_.rank()) + " has " + mine +
+           ", rank 0 has " + theirs;
+  }
+  const int32_t differs = diff.empty() ? 0 : 1;
+  std::vector<int32_t> flags(comm_.size());
+  comm_.allgather(&differs, flags.data(), 1, DType::kI32);
+  std::string ranks;
+  int first = -1;
+  for (int r = 0; r < comm_.size(); ++r)
+    if (flags[r]) {
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      if (first < 0) first = r;
+    }
+  const std::string detail = comm_.broadcast_string(diff, first < 0 ? 0 : first);
+  throw_agreed(DisagreementError("DistributedDataParallel: ranks built different models (rank " + ranks +
+                                 " differ from rank 0); first difference on rank " + std::to_string(first) + ": " +
+                                 detail));
+}
+
+Comm& DistributedDataParallel::comm_for(const torch::Device& device) const {
+  return device.is_cuda() ? *options_.device_comm : comm_;
+}
+
+void DistributedDataParallel::build_buckets() {
+  // One group key per (dtype, device) pair, numbered in first-seen order (the same on every rank).
+  std::vector<std::pair<torch::ScalarType, std::string>> keys;
+  std::vector<size_t> nbytes;
+  std::vector<int> group;
+  for (const auto& p : params_) {
+    std::pair<torch::ScalarType, std::string> k{p.scalar_type(), p.device().str()};
+    auto it = std::find(keys.begin(), keys.end(), k);
+    group.push_back(static_cast<int>(it - keys.begin()));
+    if (it == keys.end()) keys.push_back(k);
+    nbytes.push_back(p.nbytes());
+  }
+  buckets_ = assign_buckets(nbytes, group, options_.first_bucket_bytes, options_.bucket_cap_bytes);
+
+  param_bucket_.assign(params_.size(), 0);
+  param_slot_.assign(params_.size(), torch::Tensor());
+  ready_.assign(params_.size(), 0);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    auto st = std::make_unique<Bucket>();
+    const auto& first = params_[buckets_[b].params.front()];
+    for (size_t i : buckets_[b].params) st->grad_numel += params_[i].numel();
+    const bool last = b + 1 == buckets_.size();
+    st->buffer = torch::zeros({st->grad_numel + (last ? 1 : 0)}, first.options().requires_grad(false));
+    st->comm = &comm_for(first.device());
+    int64_t off = 0;
+    for (size_t i : buckets_[b].params) {
+      param_bucket_[i] = b;
+      // An alias of the bucket's storage, not an autograd view: optimizers' zero_grad() calls detach_() on
+      // .grad, which LibTorch refuses for views.
+      param_slot_[i] = torch::empty({0}, st->buffer.options())
+                           .set_(st->buffer.storage(), off, params_[i].sizes(), c10::contiguous_strides(params_[i].sizes()));
+      off += params_[i].numel();
+    }
+    bucket_state_.push_back(std::move(st));
+  }
+
+  accumulators_.resize(params_.size());
+  hook_keys_.resize(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    // Holding the accumulator keeps it (and our hook) alive across iterations, as c10d's reducer does.
+    accumulators_[i] = torch::autograd::impl::grad_accumulator(params_[i]);
+    H5DDP_CHECK(accumulators_[i] != nullptr, "DDP: parameter '" + param_names_[i] + "' has no grad accumulator");
+    hook_keys_[i] = accumulators_[i]->add_post_hook(std::make_unique<GradReadyHook>(this, i));
+  }
+}
+
+void DistributedDataParallel::prepare_forward() {
+  if (no_sync_) return;
+  H5DDP_CHECK(!armed_ || next_launch_ == 0,
+              "DDP: prepare_forward called while the previous step's buckets are in flight; call finish_backward "
+              "after every backward");
+  if (options_.broadcast_buffers && !buffers_.empty()) {
+    const auto t0 = Clock::now();
+    broadcast_coalesced(comm_, options_.device_comm, buffers_, 0, options_.bucket_cap_bytes);
+    stats_.broadcast_seconds += seconds_since(t0);
+  }
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (size_t b = 0; b < buckets_.size(); ++b) bucket_state_[b]->pending = buckets_[b].params.size();
+  next_launch_ = 0;
+  armed_ = true;
+}
+
+void DistributedDataParallel::on_grad_ready(size_t index) {
+  if (no_sync_) return;  // gradients accumulate in .grad locally
+  // CUDA backward runs hooks on per-device autograd threads; a module on several devices needs the lock.
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!armed_)
+    throw ConfigError("DDP: backward reached parameter '" + param_names_[index] +
+                      "' without prepare_forward(); call it before every synchronised forward");
+  if (ready_[index])
+    throw ConfigError("DDP: the gradient of '" + param_names_[index] +
+                      "' was produced twice in one step (two backward passes?); call finish_backward "
+                      "after each backward, or use no_sync() for gradient accumulation");
+  const torch::Tensor& grad = params_[index].grad();
+  const torch::Tensor& slot = param_slot_[index];
+  if (!grad.defined()) {
+    slot.zero_();
+  } else {
+    H5DDP_CHECK(!grad.is_sparse(), "DDP: sparse gradient for '" + param_names_[index] + "' is not supported");
+    // After the first synchronised step .grad is a view of the bucket, so accumulation already put it there.
+    if (!grad.is_same(slot) && grad.data_ptr() != slot.data_ptr()) slot.copy_(grad);
+  }
+  ready_[index] = 1;
+  const size_t b = param_bucket_[index];
+  --bucket_state_[b]->pending;
+  if (bucket_state_[b]->pending == 0) launch_ready_buckets(/*from_hook=*/true);
+  drive_progress();
+}
+
+void DistributedDataParallel::launch_ready_buckets(bool from_hook) {
+  // Strictly in bucket order, so the asynchronous allreduces match across ranks.
+  while (next_launch_ < buckets_.size() && bucket_state_[next_launch_]->pending == 0) launch(next_launch_++, from_hook);
+}
+
+void DistributedDataParallel::launch(size_t b, bool from_hook) {
+  Bucket& st = *bucket_state_[b];
+  // Launched from a hook, the last bucket means every parameter was used; finish_backward writes the count
+  // itself before it launches the rest.
+  if (from_hook && b + 1 == buckets_.size()) st.buffer.narrow(0, st.grad_numel, 1).zero_();
+  ++stats_.buckets_launched;
+  if (from_hook) ++stats_.buckets_launched_in_backward;
+  if (st.comm->size() == 1) return;  // nothing to average with; the bucket already holds the result
+  st.work = st.comm->allreduce_async(st.buffer.data_ptr(), static_cast<size_t>(st.buffer.numel()),
+                                     to_dtype(st.buffer.scalar_type()), ReduceOp::kSum);
+  stats_.bytes_reduced += st.buffer.nbytes();
+}
+
+void DistributedDataParallel::drive_progress() {
+  // Open MPI's non-blocking collectives advance only inside MPI calls: poke the oldest one in flight.
+  for (size_t b = 0; b < next_launch_; ++b) {
+    Bucket& st = *bucket_state_[b];
+    if (st.work && !st.work->test()) return;
+  }
+}
+
+void DistributedDataParallel::finish_backward() {
+  if (no_sync_) return;
+  H5DDP_CHECK(armed_, "DDP: finish_backward without prepare_forward()");
+  const auto t0 = Clock::now();
+  torch::NoGradGuard no_grad;
+
+  // Parameters whose hook never fired contribute their current .grad (zeros if undefined).
+  std::vector<size_t> unused;
+  for (size_t b = next_launch_; b < buckets_.size(); ++b)
+    for (size_t i : buckets_[b].params)
+      if (!ready_[i]) {
+        unused.push_back(i);
+        const torch::Tensor& grad = params_[i].grad();
+        if (!grad.defined())
+          param_slot_[i].zero_();
+        else if (grad.data_ptr() != param_slot_[i].data_ptr())
+          param_slot_[i].copy_(grad);
+        ready_[i] = 1;
+        --bucket_state_[b]->pending;
+      }
+  // The last bucket carries one extra element: the number of unused parameters on this rank. Its sum tells
+  // every rank, with no extra collective, whether any rank has unused parameters.
+  if (next_launch_ < buckets_.size()) {
+    Bucket& last = *bucket_state_.back();
+    last.buffer.narrow(0, last.grad_numel, 1).fill_(static_cast<double>(unused.size()));
+  }
+  launch_ready_buckets(/*from_hook=*/false);
+
+  torch::Tensor used_map;
+  std::unique_ptr<Work> used_work;
+  if (options_.find_unused_parameters) {
+    used_map = torch::ones({static_cast<int64_t>(params_.size())}, torch::kInt32);
+    for (size_t i : unused) used_map[static_cast<int64_t>(i)] = 0;
+    used_work = comm_.allreduce_async(used_map.data_ptr(), params_.size(), DType::kI32, ReduceOp::kSum);
+  }
+
+  const auto tw = Clock::now();
+  for (auto& st : bucket_state_) {
+    if (!st->work) continue;
+    st->work->wait();
+    st->work.reset();
+  }
+  if (used_work) used_work->wait();
+  stats_.comm_wait_seconds += seconds_since(tw);
+  armed_ = false;
+  next_launch_ = 0;
+
+  const double world = comm_.size();
+  if (world > 1)
+    for (auto& st : bucket_state_) st->buffer.narrow(0, 0, st->grad_numel).div_(world);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor& grad = params_[i].mutable_grad();
+    if (used_map.defined() && used_map[static_cast<int64_t>(i)].item<int32_t>() == 0 && !grad.defined()) continue;
+    // .grad becomes a view of the bucket: the next backward accumulates straight into it (no copy-in).
+    if (!grad.defined() || grad.data_ptr() != param_slot_[i].data_ptr()) grad = param_slot_[i];
+  }
+  ++stats_.steps;
+  stats_.finish_seconds += seconds_since(t0);
+  // Checked last, so that even after this error every .grad holds the step's average (usable state).
+  if (!options_.find_unused_parameters && !buckets_.empty()) {
+    Bucket& last = *bucket_state_.back();
+    const double total_unused = last.buffer.narrow(0, last.grad_numel, 1).item<double>();
+    if (total_unused > 0.5) raise_unused(unused);
+  }
+}
+
+void DistributedDataParallel::raise_unused(const std::vector<size_t>& unused_local) {
+  // Collective: every rank reached here (the count came from an allreduce). Name the lowest such rank's list.
+  std::string names;
+  for (size_t i : unused_local) names += (names.empty() ? "'" : ", '") + param_names_[i] + "'";
+  int32_t first = unused_local.empty() ? comm_.size() : comm_.rank();
+  comm_.allreduce(&first, 1, DType::kI32, ReduceOp::kMin);
+  const std::string list = comm_.broadcast_string(names, first);
+  throw ConfigError("DistributedDataParallel: parameters got no gradient in this step on rank " +
+                    std::to_string(first) + ": " + list +
+                    " (set DdpOptions::find_unused_parameters=true if the model skips them on purpose)");
+}
+
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp) : ddp_(&ddp), previous_(ddp.no_sync_) {
+  ddp.no_sync_ = true;
+}
+DistributedDataParallel::NoSync::~NoSync() {
+  if (ddp_) ddp_->no_sync_ = previous_;
+}
+DistributedDataParallel::NoSync::NoSync(NoSync&& other) noexcept : ddp_(other.ddp_), previous_(other.previous_) {
+  other.ddp_ = nullptr;
+}
+
+}  // namespace h5ddp

@@ -1,0 +1,402 @@
+#include "h5ddp/checkpointer.hpp"
+
+#include <torch/version.h>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+
+#include "checkpoint/async_checkpoint.hpp"
+#include "h5ddp/error.hpp"
+#include "core/log.hpp"
+#include "h5ddp/stop_signal.hpp"
+#include "torch/torch_state.hpp"
+
+namespace h5ddp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string torch_version() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
+// An optimizer of `type` with default hyperparameters over `params`: the destination of a file's optimizer
+// state when only its weights are wanted (load_weights from a file of another optimizer).
+std::unique_ptr<torch::optim::Optimizer> scratch_optimizer(const std::string& type,
+                                                           const std::vector<torch::Tensor>& params) {
+  if (type == "sgd") return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
+  if (type == "adamw") return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions());
+  if (type == "adam") return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions());
+  throw ConfigError("unknown optimizer type '" + type + "'");
+}
+
+}  // namespace
+
+std::string optimizer_type_of(const torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return "adamw";
+  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return "adam";
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return "sgd";
+  throw ConfigError("h5ddp checkpoints the state of torch::optim::Adam, AdamW and SGD; this optimizer is another class");
+}
+
+// One tracked value of the caller: a tensor (viewed in place when it is a contiguous CPU tensor, staged
+// through a host copy otherwise) or a scalar variable.
+struct Tracked {
+  std::string name;
+  torch::Tensor tensor;
+  int64_t* i64 = nullptr;
+  double* f64 = nullptr;
+  torch::Tensor host;  // staging copy for a device or non-contiguous tensor
+
+  TensorRef ref() {
+    if (i64) return TensorRef{name, DType::kI64, {}, i64};
+    if (f64) return TensorRef{name, DType::kF64, {}, f64};
+    torch::Tensor t = tensor;
+    if (!(t.device().is_cpu() && t.is_contiguous())) {
+      host = t.detach().to(torch::kCPU).contiguous().clone();
+      t = host;
+    }
+    return TensorRef{name, to_dtype(t.scalar_type()), t.sizes().vec(), t.data_ptr()};
+  }
+  void finish_import() {
+    if (!host.defined()) return;
+    torch::NoGradGuard no_grad;
+    tensor.copy_(host);
+    host = torch::Tensor();
+  }
+};
+
+// What a failed load may have overwritten, as it was before: weights, optimizer state, tracked values.
+struct Snapshot {
+  std::vector<torch::Tensor> tensors;  // model parameters, buffers, tracked tensors (clones, in order)
+  std::vector<int64_t> i64;
+  std::vector<double> f64;
+  // Shallow clones (sharing tensors): a load never writes into existing optimizer state, it allocates anew.
+  std::remove_reference_t<decltype(std::declval<torch::optim::Optimizer&>().state())> optimizer_state;
+};
+
+struct Checkpointer::Impl {
+  Impl(torch::nn::Module& m, torch::optim::Optimizer& o)
+      : model(m), optimizer(o), type(optimizer_type_of(o)), binding(m, o, type) {}
+
+  torch::nn::Module& model;
+  torch::optim::Optimizer& optimizer;
+  std::string type;
+  TorchStateBinding binding;
+  std::vector<Tracked> tracked;
+  std::map<std::string, std::string> meta;
+  std::function<SchedulerState(int64_t)> scheduler;
+  std::unique_ptr<AsyncCheckpointer> async;
+  bool signals = false;
+  Clock::time_point last_save_time = Clock::now();
+  int64_t no_save = -1;  // last_saved_step when no save of this process has been committed
+  SaveResult last_result;
+
+  std::vector<torch::Tensor> model_tensors() {
+    std::vector<torch::Tensor> out;
+    for (auto& p : model.parameters(true)) out.push_back(p);
+    for (auto& b : model.buffers(true)) out.push_back(b);
+    for (auto& t : tracked)
+      if (t.tensor.defined()) out.push_back(t.tensor);
+    return out;
+  }
+
+  Snapshot take() {
+    torch::NoGradGuard no_grad;
+    Snapshot s;
+    for (auto& t : model_tensors()) s.tensors.push_back(t.detach().clone());
+    for (auto& t : tracked) {
+      if (t.i64) s.i64.push_back(*t.i64);
+      if (t.f64) s.f64.push_back(*t.f64);
+    }
+    for (auto& [k, v] : optimizer.state()) s.optimizer_state[k] = v->clone();
+    return s;
+  }
+
+  void put_back(Snapshot& s) {
+    torch::NoGradGuard no_grad;
+    auto now = model_tensors();
+    for (size_t i = 0; i < now.size(); ++i) now[i].copy_(s.tensors[i]);
+    size_t i = 0, d = 0;
+    for (auto& t : tracked) {
+      if (t.i64) *t.i64 = s.i64[i++];
+      if (t.f64) *t.f64 = s.f64[d++];
+      t.host = torch::Tensor();
+    }
+    optimizer.state().swap(s.optimizer_state);
+  }
+
+  // Loads `path` into the model, this optimizer (or a scratch one of the file's type) and the tracked
+  // values. Throws on every rank alike; the caller restores the snapshot.
+  TrainState load(Comm& comm, const std::string& path, const LoadOptions& options, bool weights_only) {
+    const CheckpointManifest manifest = read_manifest(comm, path);
+    if (!weights_only && manifest.optimizer_type != type)
+      comm.raise_if_any("checkpoint " + path + " holds the state of a " +
+                        (manifest.optimizer_type.empty() ? std::string("weights-only file (no optimizer)")
+                                                         : manifest.optimizer_type + " optimizer") +
+                        "; this run's optimizer is " + type);
+    std::vector<TensorRef> entries;
+    for (const auto& t : manifest.optimizer_state) entries.push_back(TensorRef{t.name, t.dtype, t.shape, nullptr});
+    TrainState st;
+    std::unique_ptr<torch::optim::Optimizer> scratch_opt;
+    std::unique_ptr<TorchStateBinding> scratch_binding;
+    TorchStateBinding* b = &binding;
+    std::vector<torch::Tensor> scratch_user;
+    if (weights_only) {
+      // Every tensor of the file needs a destination: the file's optimizer state and user state go to scratch.
+      if (!manifest.optimizer_type.empty() && manifest.optimizer_type != type) {
+        scratch_opt = scratch_optimizer(manifest.optimizer_type, model.parameters(true));
+        scratch_binding = std::make_unique<TorchStateBinding>(model, *scratch_opt, manifest.optimizer_type);
+        b = scratch_binding.get();
+      }
+      for (const auto& t : manifest.user) {
+        scratch_user.push_back(torch::empty(t.shape, torch::TensorOptions().dtype(to_scalar_type(t.dtype))));
+        st.user.push_back(TensorRef{t.name, t.dtype, t.shape, scratch_user.back().data_ptr()});
+      }
+    }
+    with_context("loading " + path, [&] {
+      b->prepare_import(entries, st);
+      if (!weights_only)
+        for (auto& t : tracked) st.user.push_back(t.ref());
+      load_checkpoint(comm, path, st, options);
+      b->finish_import();
+      if (!weights_only)
+        for (auto& t : tracked) t.finish_import();
+    });
+    return st;
+  }
+};
+
+Checkpointer::Checkpointer(Comm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                           CheckpointerOptions options)
+    : comm_(comm), options_(std::move(options)), impl_(std::make_unique<Impl>(model, optimizer)) {
+  std::error_code ec;
+  std::filesystem::create_directories(options_.run_dir, ec);
+  comm_.raise_if_any(std::filesystem::is_directory(options_.run_dir)
+                         ? ""
+                         : "cannot create the run directory " + options_.run_dir + (ec ? ": " + ec.message() : ""));
+  if (options_.async) impl_->async = std::make_unique<AsyncCheckpointer>(comm_);
+  if (options_.handle_signals) {
+    stop_signal::install();
+    impl_->signals = true;
+  }
+}
+
+Checkpointer::~Checkpointer() {
+  impl_->async.reset();  // waits for a save in flight; logs, never throws
+  if (impl_->signals) stop_signal::uninstall();
+}
+
+const std::string& Checkpointer::optimizer_type() const { return impl_->type; }
+
+void Checkpointer::track(const std::string& name, torch::Tensor tensor) {
+  H5DDP_CHECK(tensor.defined(), "Checkpointer::track(" + name + "): undefined tensor");
+  Tracked t;
+  t.name = name;
+  t.tensor = std::move(tensor);
+  impl_->tracked.push_back(std::move(t));
+}
+
+void Checkpointer::track(const std::string& name, int64_t* value) {
+  H5DDP_CHECK(value != nullptr, "Checkpointer::track(" + name + "): null pointer");
+  Tracked t;
+  t.name = name;
+  t.i64 = value;
+  impl_->tracked.push_back(std::move(t));
+}
+
+void Checkpointer::track(const std::string& name, double* value) {
+  H5DDP_CHECK(value != nullptr, "Checkpointer::track(" + name + "): null pointer");
+  Tracked t;
+  t.name = name;
+  t.f64 = value;
+  impl_->tracked.push_back(std::move(t));
+}
+
+void Checkpointer::set_meta(const std::string& key, const std::string& value) { impl_->meta[key] = value; }
+
+void Checkpointer::set_scheduler_state(std::function<SchedulerState(int64_t)> fn) {
+  impl_->scheduler = std::move(fn);
+}
+
+ResumeInfo Checkpointer::load_resumed(const std::string& path) {
+  std::optional<Snapshot> snap;
+  TrainState st;
+  try {
+    snap = impl_->take();
+    st = impl_->load(comm_, path, options_.load, false);
+  } catch (...) {
+    if (snap) impl_->put_back(*snap);
+    throw;
+  }
+  counters_ = st.counters;
+  data_ = st.data;
+  ResumeInfo info;
+  info.resumed = true;
+  info.path = path;
+  info.step = counters_.step;
+  info.saved_world_size = st.saved_world_size;
+  info.meta = st.meta;
+  const bool exact = restore_rank_rng(st.rng_by_rank, comm_.rank(), data_.seed, counters_.step);
+  info.rng_exact = comm_.all_ok(exact);
+  last_saved_step_ = impl_->no_save = counters_.step;
+  last_path_.clear();
+  impl_->last_save_time = Clock::now();
+  return info;
+}
+
+ResumeInfo Checkpointer::resume() {
+  ResumeInfo info;
+  resume_newest(comm_, options_.run_dir, [&](const std::string& path) { info = load_resumed(path); });
+  impl_->last_save_time = Clock::now();
+  return info;
+}
+
+ResumeInfo Checkpointer::resume_from(const std::string& path) { return load_resumed(path); }
+
+void Checkpointer::load_weights(const std::string& path) {
+  Snapshot snap = impl_->take();
+  try {
+    impl_->load(comm_, path, options_.load, true);
+  } catch (...) {
+    impl_->put_back(snap);
+    throw;
+  }
+  impl_->optimizer.state().clear();
+}
+
+TrainState Checkpointer::export_state() {
+  TrainState st;
+  impl_->binding.export_state(st);
+  for (auto& t : impl_->tracked) st.user.push_back(t.ref());
+  st.counters = counters_;
+  st.data = data_;
+  if (impl_->scheduler) st.scheduler = impl_->scheduler(counters_.step);
+  else st.scheduler.type = "none";
+  st.meta = impl_->meta;
+  st.meta["torch_version"] = torch_version();
+  st.meta["optimizer"] = impl_->type;
+  return st;
+}
+
+SaveResult Checkpointer::save() {
+  wait();
+  TrainState st = export_state();
+  SaveOptions o;
+  o.fsync = options_.fsync;
+  o.keep_last = options_.keep_last;
+  o.keep_every = options_.keep_every;
+  o.verify_replicas = options_.verify_replicas;
+  impl_->last_save_time = Clock::now();
+  if (impl_->async) {
+    impl_->async->start(st, options_.run_dir, o);
+    last_saved_step_ = counters_.step;
+    return impl_->last_result;
+  }
+  impl_->last_result = save_checkpoint(comm_, st, options_.run_dir, o);
+  last_saved_step_ = counters_.step;
+  last_path_ = impl_->last_result.path;
+  log::debug("saved " + last_path_ + " in " + std::to_string(impl_->last_result.seconds) + " s");
+  return impl_->last_result;
+}
+
+// A failed periodic save with continue_on_save_error is reported (the same error on every rank, the previous
+// checkpoint and `latest` untouched) and retried at the next trigger; everything else rethrows.
+void Checkpointer::save_guarded(bool final_save) {
+  auto report_or_throw = [&](const Error& e) {
+    if (final_save || !options_.continue_on_save_error) throw;
+    if (comm_.rank() == 0)
+      log::warn("checkpoint save failed; training continues and retries at the next trigger; the previous "
+                "checkpoint and `latest` are unchanged:\n" + std::string(e.what()));
+  };
+  const int64_t previous = last_saved_step_;
+  try {
+    wait();
+  } catch (const Error& e) {
+    report_or_throw(e);
+  }
+  try {
+    save();
+    if (final_save) wait();
+  } catch (const Error& e) {
+    last_saved_step_ = previous;
+    report_or_throw(e);
+  }
+}
+
+SaveResult Checkpointer::wait() {
+  if (!impl_->async) return impl_->last_result;
+  try {
+    const SaveResult r = impl_->async->wait();
+    if (!r.path.empty()) {
+      impl_->last_result = r;
+      last_path_ = r.path;
+    }
+  } catch (const Error&) {
+    last_saved_step_ = impl_->no_save;  // the step in flight is not saved
+    throw;
+  }
+  return impl_->last_result;
+}
+
+StepOutcome Checkpointer::agree_step(int64_t step, double value) {
+  if (step > counters_.step) counters_.samples_consumed += (step - counters_.step) * data_.global_batch;
+  counters_.step = step;
+  counters_.epoch = data_.epoch;
+  // One allreduce carries everything the ranks must agree on: any rank's signal and time trigger, and the
+  // caller's value (its mean, for logging).
+  const int sig = impl_->signals ? stop_signal::pending() : 0;
+  const bool time_due =
+      options_.every_seconds > 0 && seconds_since(impl_->last_save_time) >= options_.every_seconds;
+  double agree[4] = {value, (sig == SIGUSR1 || sig == SIGTERM) ? 1.0 : 0.0, sig == SIGINT ? 1.0 : 0.0,
+                     time_due ? 1.0 : 0.0};
+  comm_.allreduce(agree, 4, DType::kF64, ReduceOp::kSum);
+  StepOutcome out;
+  out.value_mean = agree[0] / comm_.size();
+  if (agree[1] > 0) exit_code_ = stop_signal::kExitRequeue;
+  if (agree[2] > 0) exit_code_ = stop_signal::kExitInterrupted;
+  out.stop = exit_code_ != 0;
+  out.exit_code = exit_code_;
+  try {
+    if (impl_->async && impl_->async->in_flight()) impl_->async->poll();  // a failure throws on all ranks
+  } catch (const Error& e) {
+    last_saved_step_ = impl_->no_save;
+    if (!options_.continue_on_save_error) throw;
+    if (comm_.rank() == 0)
+      log::warn("background checkpoint save failed; training continues and retries at the next trigger:\n" +
+                std::string(e.what()));
+  }
+  const bool step_due = options_.every_steps > 0 && step % options_.every_steps == 0;
+  out.save_due = step_due || agree[3] > 0 || out.stop;  // agreed values only: the same on every rank
+  return out;
+}
+
+void Checkpointer::save_if_due(StepOutcome& outcome) {
+  if (!outcome.save_due) return;
+  save_guarded(outcome.stop);
+  outcome.saved = last_saved_step_ == counters_.step;
+}
+
+StepOutcome Checkpointer::step_end(int64_t step, double value) {
+  StepOutcome out = agree_step(step, value);
+  save_if_due(out);
+  return out;
+}
+
+SaveResult Checkpointer::finish(bool final_save) {
+  try {
+    wait();
+  } catch (const Error& e) {
+    if (!options_.continue_on_save_error) throw;
+    if (comm_.rank() == 0) log::warn("background checkpoint save failed; the final save redoes it:\n" +
+                                     std::string(e.what()));
+  }
+  if (final_save && last_saved_step_ != counters_.step) save_guarded(true);
+  return impl_->last_result;
+}
+
+}  // namespace h5ddp

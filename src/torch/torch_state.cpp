@@ -1,0 +1,281 @@
+#include "torch/torch_state.hpp"
+
+#include <ATen/Context.h>
+
+#include <mutex>
+
+#include "h5ddp/ddp.hpp"
+#include "h5ddp/error.hpp"
+#include "h5ddp/sampler.hpp"
+
+namespace h5ddp {
+
+DType to_dtype(torch::ScalarType t) {
+  if (auto d = dtype_of(t)) return *d;
+  throw CheckpointError(std::string("tensor dtype ") + c10::toString(t) + " cannot be checkpointed");
+}
+
+torch::ScalarType to_scalar_type(DType t) {
+  switch (t) {
+    case DType::kF32: return torch::kFloat;
+    case DType::kF64: return torch::kDouble;
+    case DType::kF16: return torch::kHalf;
+    case DType::kBF16: return torch::kBFloat16;
+    case DType::kI64: return torch::kLong;
+    case DType::kI32: return torch::kInt;
+    case DType::kI16: return torch::kShort;
+    case DType::kI8: return torch::kChar;
+    case DType::kU8: return torch::kByte;
+    case DType::kBool: return torch::kBool;
+    case DType::kU64: break;
+  }
+  throw CheckpointError(std::string("dtype ") + dtype_name(t) + " has no LibTorch equivalent");
+}
+
+namespace {
+
+// Optimizer state keys of each optimizer type, in a fixed order (PyTorch's names).
+const std::vector<std::string>& tensor_state_keys(const std::string& type) {
+  static const std::vector<std::string> adam = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  static const std::vector<std::string> sgd = {"momentum_buffer"};
+  return type == "sgd" ? sgd : adam;
+}
+
+// LibTorch keys optimizer state by the parameter's TensorImpl address.
+std::string state_key(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+torch::Tensor* adam_tensor(torch::optim::OptimizerParamState& s, const std::string& type, const std::string& key) {
+  // AdamW's state has the same fields as Adam's but is a distinct class.
+  if (type == "adam") {
+    auto& a = static_cast<torch::optim::AdamParamState&>(s);
+    if (key == "exp_avg") return &a.exp_avg();
+    if (key == "exp_avg_sq") return &a.exp_avg_sq();
+    if (key == "max_exp_avg_sq") return &a.max_exp_avg_sq();
+  } else {
+    auto& a = static_cast<torch::optim::AdamWParamState&>(s);
+    if (key == "exp_avg") return &a.exp_avg();
+    if (key == "exp_avg_sq") return &a.exp_avg_sq();
+    if (key == "max_exp_avg_sq") return &a.max_exp_avg_sq();
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TorchStateBinding::TorchStateBinding(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                                     std::string optimizer_type)
+    : model_(model), optimizer_(optimizer), type_(std::move(optimizer_type)) {
+  if (type_ != "adam" && type_ != "adamw" && type_ != "sgd")
+    throw ConfigError("unknown optimizer type '" + type_ + "'");
+  for (auto& item : model_.named_parameters(true)) params_.emplace_back(item.key(), item.value());
+  for (auto& item : model_.named_buffers(true)) buffers_.emplace_back(item.key(), item.value());
+  for (const auto& g : optimizer_.param_groups())
+    for (const auto& p : g.params()) param_name(p);  // throws if the optimizer holds a foreign tensor
+}
+
+std::vector<std::string> TorchStateBinding::tensor_names() const {
+  std::vector<std::string> out;
+  for (const auto& [n, t] : params_) out.push_back(n);
+  for (const auto& [n, t] : buffers_) out.push_back(n);
+  return out;
+}
+
+std::string TorchStateBinding::param_name(const torch::Tensor& p) const {
+  for (const auto& [n, t] : params_)
+    if (t.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) return n;
+  throw CheckpointError("the optimizer holds a tensor that is not a parameter of the model");
+}
+
+TensorRef TorchStateBinding::view(const std::string& name, torch::Tensor t) {
+  TensorRef r;
+  r.name = name;
+  r.dtype = to_dtype(t.scalar_type());
+  r.shape = t.sizes().vec();
+  if (t.device().is_cpu() && t.is_contiguous()) {
+    r.data = t.data_ptr();
+  } else {
+    Staged s{t, t.detach().to(torch::kCPU).contiguous().clone()};
+    r.data = s.host.data_ptr();
+    staged_.push_back(std::move(s));
+  }
+  return r;
+}
+
+void TorchStateBinding::export_optimizer(OptimizerState& out) {
+  out.type = type_;
+  out.groups.clear();
+  out.state.clear();
+  steps_.clear();
+  step_params_.clear();
+  for (auto& g : optimizer_.param_groups()) {
+    ParamGroup pg;
+    if (type_ == "sgd") {
+      auto& o = static_cast<torch::optim::SGDOptions&>(g.options());
+      pg.hyper = {{"lr", o.lr()}, {"momentum", o.momentum()}, {"dampening", o.dampening()},
+                  {"weight_decay", o.weight_decay()}, {"nesterov", o.nesterov() ? 1.0 : 0.0}};
+    } else if (type_ == "adam") {
+      auto& o = static_cast<torch::optim::AdamOptions&>(g.options());
+      pg.hyper = {{"lr", o.lr()}, {"betas0", std::get<0>(o.betas())}, {"betas1", std::get<1>(o.betas())},
+                  {"eps", o.eps()}, {"weight_decay", o.weight_decay()}, {"amsgrad", o.amsgrad() ? 1.0 : 0.0}};
+    } else {
+      auto& o = static_cast<torch::optim::AdamWOptions&>(g.options());
+      pg.hyper = {{"lr", o.lr()}, {"betas0", std::get<0>(o.betas())}, {"betas1", std::get<1>(o.betas())},
+                  {"eps", o.eps()}, {"weight_decay", o.weight_decay()}, {"amsgrad", o.amsgrad() ? 1.0 : 0.0}};
+    }
+    for (const auto& p : g.params()) pg.params.push_back(param_name(p));
+    out.groups.push_back(std::move(pg));
+  }
+  // Reserve first: TensorRefs point into steps_, which must not reallocate.
+  steps_.reserve(params_.size());
+  for (const auto& [name, p] : params_) {
+    auto it = optimizer_.state().find(state_key(p));
+    if (it == optimizer_.state().end()) continue;  // no state yet (e.g. before the first step)
+    auto& s = *it->second;
+    if (type_ == "sgd") {
+      auto& buf = static_cast<torch::optim::SGDParamState&>(s).momentum_buffer();
+      if (buf.defined()) out.state.push_back(view(name + "/momentum_buffer", buf));
+      continue;
+    }
+    for (const auto& key : tensor_state_keys(type_)) {
+      torch::Tensor* t = adam_tensor(s, type_, key);
+      if (t && t->defined()) out.state.push_back(view(name + "/" + key, *t));
+    }
+    steps_.push_back(type_ == "adam" ? static_cast<torch::optim::AdamParamState&>(s).step()
+                                     : static_cast<torch::optim::AdamWParamState&>(s).step());
+    step_params_.push_back(name);
+    out.state.push_back(TensorRef{name + "/step", DType::kI64, {}, &steps_.back()});
+  }
+}
+
+void TorchStateBinding::export_state(TrainState& state) {
+  staged_.clear();
+  state.model.clear();
+  for (const auto& [n, t] : params_) state.model.push_back(view(n, t));
+  for (const auto& [n, t] : buffers_) state.model.push_back(view(n, t));
+  export_optimizer(state.optimizer);
+  state.rng = capture_rng();
+}
+
+void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, TrainState& state) {
+  staged_.clear();
+  steps_.clear();
+  step_params_.clear();
+  state.model.clear();
+  for (const auto& [n, t] : params_) state.model.push_back(view(n, t));
+  for (const auto& [n, t] : buffers_) state.model.push_back(view(n, t));
+
+  // Fresh optimizer state for exactly the parameters the checkpoint has state for.
+  optimizer_.state().clear();
+  state.optimizer.state.clear();
+  state.optimizer.type = type_;
+  steps_.reserve(entries.size());
+  // An entry that fits no parameter or no state of this optimizer gets no destination: load_checkpoint then
+  // lists it with every other difference between the file and the model in one CheckpointMismatchError.
+  for (const auto& e : entries) {
+    const auto slash = e.name.rfind('/');
+    if (slash == std::string::npos) throw CheckpointError("optimizer state entry '" + e.name + "' has no '/<key>'");
+    const std::string pname = e.name.substr(0, slash), key = e.name.substr(slash + 1);
+    const torch::Tensor* param = nullptr;
+    for (const auto& [n, t] : params_)
+      if (n == pname) param = &t;
+    if (!param || (key == "step" && type_ == "sgd")) continue;
+
+    auto& slot = optimizer_.state()[state_key(*param)];
+    if (!slot) {
+      if (type_ == "sgd") slot = std::make_unique<torch::optim::SGDParamState>();
+      else if (type_ == "adam") slot = std::make_unique<torch::optim::AdamParamState>();
+      else slot = std::make_unique<torch::optim::AdamWParamState>();
+    }
+    if (key == "step") {  // a step of another dtype or shape shows up in load_checkpoint's list
+      steps_.push_back(0);
+      step_params_.push_back(pname);
+      state.optimizer.state.push_back(TensorRef{e.name, DType::kI64, {}, &steps_.back()});
+      continue;
+    }
+    torch::Tensor* dst = nullptr;
+    if (type_ == "sgd" && key == "momentum_buffer")
+      dst = &static_cast<torch::optim::SGDParamState&>(*slot).momentum_buffer();
+    else if (type_ != "sgd")
+      dst = adam_tensor(*slot, type_, key);
+    if (!dst) continue;
+    // The destination has the parameter's shape (what this model needs); a file entry of another shape is a
+    // difference load_checkpoint reports.
+    *dst = torch::zeros(param->sizes(), param->options().dtype(to_scalar_type(e.dtype)));
+    state.optimizer.state.push_back(view(e.name, *dst));
+  }
+  // Parameters whose state the checkpoint lacks must not keep a half-built state.
+  for (const auto& [n, p] : params_) {
+    auto it = optimizer_.state().find(state_key(p));
+    if (it != optimizer_.state().end() && type_ == "sgd" &&
+        !static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().defined())
+      optimizer_.state().erase(it);
+  }
+}
+
+void TorchStateBinding::finish_import() {
+  torch::NoGradGuard no_grad;
+  for (auto& s : staged_) s.target.copy_(s.host);
+  staged_.clear();
+  for (size_t i = 0; i < step_params_.size(); ++i) {
+    const torch::Tensor* param = nullptr;
+    for (const auto& [n, t] : params_)
+      if (n == step_params_[i]) param = &t;
+    auto& s = *optimizer_.state().at(state_key(*param));
+    if (type_ == "adam") static_cast<torch::optim::AdamParamState&>(s).step(steps_[i]);
+    else static_cast<torch::optim::AdamWParamState&>(s).step(steps_[i]);
+  }
+  // An Adam state without exp_avg would crash LibTorch's step: the checkpoint must be complete.
+  if (type_ != "sgd")
+    for (const auto& [n, p] : params_) {
+      auto it = optimizer_.state().find(state_key(p));
+      if (it == optimizer_.state().end()) continue;
+      if (!adam_tensor(*it->second, type_, "exp_avg")->defined() ||
+          !adam_tensor(*it->second, type_, "exp_avg_sq")->defined())
+        throw CheckpointError("optimizer state of " + n + " is incomplete (exp_avg and exp_avg_sq are required)");
+    }
+}
+
+RngState capture_rng() {
+  RngState r;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    torch::Tensor s = gen.get_state();
+    r.cpu.assign(s.data_ptr<uint8_t>(), s.data_ptr<uint8_t>() + s.numel());
+  }
+  if (torch::cuda::is_available()) {
+    auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    torch::Tensor s = gen.get_state();
+    r.cuda.assign(s.data_ptr<uint8_t>(), s.data_ptr<uint8_t>() + s.numel());
+  }
+  return r;
+}
+
+namespace {
+void set_generator(at::Generator gen, const std::vector<uint8_t>& bytes) {
+  torch::Tensor t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(t);
+}
+}  // namespace
+
+void restore_rng(const RngState& rng) {
+  if (!rng.cpu.empty()) set_generator(at::detail::getDefaultCPUGenerator(), rng.cpu);
+  if (!rng.cuda.empty() && torch::cuda::is_available())
+    set_generator(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA)), rng.cuda);
+}
+
+void seed_rank_rng(uint64_t seed, int rank) { torch::manual_seed(seed + static_cast<uint64_t>(rank)); }
+
+bool restore_rank_rng(const std::vector<RngState>& rows, int rank, uint64_t seed, int64_t step) {
+  if (rank < static_cast<int>(rows.size()) && !rows[rank].cpu.empty()) {
+    restore_rng(rows[rank]);
+    return true;
+  }
+  torch::manual_seed(mix_seed(mix_seed(seed, static_cast<uint64_t>(rank)), static_cast<uint64_t>(step)));
+  return false;
+}
+
+}  // namespace h5ddp

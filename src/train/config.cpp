@@ -1,0 +1,225 @@
+#include "train/config.hpp"
+
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "h5ddp/error.hpp"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace h5ddp {
+namespace {
+
+std::vector<int64_t> parse_widths(const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || v <= 0)
+      throw ConfigError("--mlp-hidden expects positive integers separated by commas (e.g. 4096,4096), got '" + s + "'");
+    out.push_back(v);
+  }
+  if (out.empty()) throw ConfigError("--mlp-hidden needs at least one width");
+  return out;
+}
+
+std::string join_widths(const std::vector<int64_t>& w) {
+  std::string s;
+  for (size_t i = 0; i < w.size(); ++i) s += (i ? "," : "") + std::to_string(w[i]);
+  return s;
+}
+
+template <class T>
+void require(bool ok, const std::string& option, const T& value, const std::string& expected) {
+  std::ostringstream os;
+  os << value;
+  if (!ok) throw ConfigError("--" + option + " " + os.str() + ": " + expected);
+}
+
+}  // namespace
+
+ParsedArgs parse_train_args(int argc, const char* const* argv) {
+  TrainConfig c;
+  std::string mlp_hidden = join_widths(c.model.mlp_hidden);
+  std::string config_file;
+  bool no_fsync = false, no_eval = false, no_final = false;
+  std::string watchdog = "auto";
+
+  po::options_description general("General");
+  general.add_options()
+      ("help,h", "print this help and exit")
+      ("config", po::value(&config_file), "read options from FILE (key = value lines, same names as the "
+                                          "long options); the command line wins")
+      ("data-dir", po::value(&c.data_dir)->default_value(c.data_dir), "directory with the Fashion-MNIST "
+                                                                      "*-ubyte.gz files")
+      ("run-dir", po::value(&c.run_dir)->default_value(c.run_dir), "directory for checkpoints (created if missing)")
+      ("threads", po::value(&c.threads)->default_value(c.threads), "LibTorch intra-op threads per rank")
+      ("seed", po::value(&c.seed)->default_value(c.seed), "seed of the data order, initial weights and dropout "
+                                                          "(rank r uses seed + r for dropout)");
+  po::options_description model("Model");
+  model.add_options()
+      ("model", po::value(&c.model.name)->default_value(c.model.name), "cnn | mlp (see docs/MODELS.md)")
+      ("dropout", po::value(&c.model.dropout)->default_value(c.model.dropout, "0.25"), "dropout probability in [0, 1)")
+      ("mlp-hidden", po::value(&mlp_hidden)->default_value(mlp_hidden), "hidden layer widths of --model mlp, "
+                                                                        "comma separated");
+  po::options_description train("Training");
+  train.add_options()
+      ("epochs", po::value(&c.epochs)->default_value(c.epochs), "epochs to train")
+      ("max-steps", po::value(&c.max_steps)->default_value(c.max_steps), "stop after this many optimizer steps "
+                                                                         "in total (0 = no limit)")
+      ("batch-size", po::value(&c.batch_size)->default_value(c.batch_size), "GLOBAL batch size over all ranks; "
+                                                                            "must be divisible by the rank count")
+      ("lr", po::value(&c.lr)->default_value(c.lr, "0.002"), "learning rate")
+      ("optimizer", po::value(&c.optimizer)->default_value(c.optimizer), "adam | adamw | sgd")
+      ("momentum", po::value(&c.momentum)->default_value(c.momentum, "0.9"), "SGD momentum")
+      ("weight-decay", po::value(&c.weight_decay)->default_value(c.weight_decay), "weight decay (L2 for adam/sgd, "
+                                                                                  "decoupled for adamw)")
+      ("lr-schedule", po::value(&c.lr_schedule)->default_value(c.lr_schedule), "constant | step | cosine "
+                                                                                "(cosine anneals to 0 over the run)")
+      ("lr-step-size", po::value(&c.lr_step_size)->default_value(c.lr_step_size), "step schedule: multiply the lr "
+                                                                                  "by --lr-gamma every N steps (0 = every epoch)")
+      ("lr-gamma", po::value(&c.lr_gamma)->default_value(c.lr_gamma, "0.1"), "step schedule: decay factor")
+      ("step-sleep-ms", po::value(&c.step_sleep_ms)->default_value(c.step_sleep_ms), "sleep after each step "
+                                                                                     "(throttle for tests and demos)")
+      ("progress", po::value(&c.progress)->default_value(c.progress), "rank 0's progress display: auto | tty "
+                                                                       "(one line rewritten with \\r) | lines (auto: "
+                                                                       "tty on a terminal, lines under mpirun, whose "
+                                                                       "output is a pseudo-terminal even when piped)")
+      ("log-every", po::value(&c.log_every)->default_value(c.log_every), "progress line every N steps in lines mode "
+                                                                         "(0 = about 20 lines a run)")
+      ("no-eval", po::bool_switch(&no_eval), "skip the evaluation on the test set at the end");
+  po::options_description ckpt("Checkpoints");
+  ckpt.add_options()
+      ("checkpoint-every-steps", po::value(&c.checkpoint_every_steps)->default_value(c.checkpoint_every_steps),
+       "save every N optimizer steps (0 = off)")
+      ("checkpoint-every-seconds", po::value(&c.checkpoint_every_seconds)->default_value(c.checkpoint_every_seconds),
+       "save every T seconds (each rank checks its clock; one allreduce per step makes all ranks save together; 0 = off)")
+      ("keep-last", po::value(&c.keep_last)->default_value(c.keep_last), "keep the newest K checkpoints (0 = all)")
+      ("keep-every", po::value(&c.keep_every)->default_value(c.keep_every), "also keep every checkpoint whose step "
+                                                                            "is a multiple of M (0 = off)")
+      ("async-checkpoint", po::bool_switch(&c.async_checkpoint), "write periodic checkpoints in the background "
+                                                                 "(training blocks only for a copy to host memory)")
+      ("on-save-error", po::value(&c.on_save_error)->default_value(c.on_save_error),
+       "stop | continue: a failed periodic save (disk full, I/O error) ends training with an error, or is "
+       "reported and retried at the next trigger; the final save and a signal's save always stop")
+      ("watchdog-seconds", po::value(&watchdog)->default_value(watchdog),
+       "abort the whole job (MPI_Abort, exit code 70) with a message naming host, rank and operation when a "
+       "step's collectives or a save stall: T seconds for a step, 10x T for a save; auto = 20x the slowest step "
+       "and 10x the slowest save so far, at least 300 s and 900 s; 0 = off")
+      ("no-fsync", po::bool_switch(&no_fsync), "do not fsync checkpoint files (faster, not crash-safe)")
+      ("verify-replicas", po::bool_switch(&c.verify_replicas), "on every save, every rank hashes every tensor in "
+       "full and the hashes must agree (default: a sampled comparison; each tensor hashed by the rank writing it)")
+      ("no-final-checkpoint", po::bool_switch(&no_final), "do not save when training ends")
+      ("resume", po::value(&c.resume)->default_value(c.resume), "auto: newest valid checkpoint in --run-dir, "
+                                                                "fresh start if none | none | PATH of a checkpoint")
+      ("init-from", po::value(&c.init_from), "initialise the model weights (only) from this checkpoint");
+
+  const char* intro =
+      "h5ddp-train: data-parallel training of LibTorch models on MPI, with parallel-HDF5 checkpoints.\n"
+      "Usage: mpirun -np N h5ddp-train [options]\n"
+      "Exit codes: 0 done, 75 saved after SIGUSR1/SIGTERM (requeue me), 130 saved after SIGINT, 1 error,\n"
+      "2 bad options, 70 a step or save stalled (watchdog, --watchdog-seconds).\n";
+  po::options_description all;
+  all.add(general).add(model).add(train).add(ckpt);
+
+  ParsedArgs out;
+  try {
+    po::variables_map vm;
+    po::store(po::parse_command_line(argc, argv, all), vm);
+    if (vm.count("help")) {
+      std::ostringstream os;
+      os << intro << all;
+      out.message = os.str();
+      out.exit_code = 0;
+      return out;
+    }
+    if (vm.count("config")) {
+      const std::string file = vm["config"].as<std::string>();
+      std::ifstream in(file);
+      if (!in) throw ConfigError("cannot read --config file " + file);
+      po::store(po::parse_config_file(in, all), vm);
+    }
+    po::notify(vm);
+    c.batch_size_set = !vm["batch-size"].defaulted();
+    c.command_line.assign(argv, argv + argc);
+    c.model.mlp_hidden = parse_widths(mlp_hidden);
+    c.fsync = !no_fsync;
+    c.evaluate = !no_eval;
+    c.final_checkpoint = !no_final;
+
+    require(c.model.name == "cnn" || c.model.name == "mlp", "model", c.model.name, "unknown model (cnn | mlp)");
+    require(c.model.dropout >= 0 && c.model.dropout < 1, "dropout", c.model.dropout, "must be in [0, 1)");
+    require(c.batch_size > 0, "batch-size", c.batch_size, "must be positive (global batch over all ranks)");
+    require(c.epochs > 0, "epochs", c.epochs, "must be positive");
+    require(c.max_steps >= 0, "max-steps", c.max_steps, "must be >= 0");
+    require(c.lr > 0, "lr", c.lr, "must be positive");
+    require(c.optimizer == "adam" || c.optimizer == "adamw" || c.optimizer == "sgd", "optimizer", c.optimizer,
+            "unknown optimizer (adam | adamw | sgd)");
+    require(c.momentum >= 0, "momentum", c.momentum, "must be >= 0");
+    require(c.weight_decay >= 0, "weight-decay", c.weight_decay, "must be >= 0");
+    require(c.lr_schedule == "constant" || c.lr_schedule == "step" || c.lr_schedule == "cosine", "lr-schedule",
+            c.lr_schedule, "unknown schedule (constant | step | cosine)");
+    require(c.lr_step_size >= 0, "lr-step-size", c.lr_step_size, "must be >= 0");
+    require(c.threads > 0, "threads", c.threads, "must be positive");
+    require(c.checkpoint_every_steps >= 0, "checkpoint-every-steps", c.checkpoint_every_steps, "must be >= 0");
+    require(c.checkpoint_every_seconds >= 0, "checkpoint-every-seconds", c.checkpoint_every_seconds, "must be >= 0");
+    require(c.keep_last >= 0, "keep-last", c.keep_last, "must be >= 0");
+    require(c.keep_every >= 0, "keep-every", c.keep_every, "must be >= 0");
+    require(c.on_save_error == "stop" || c.on_save_error == "continue", "on-save-error", c.on_save_error,
+            "must be stop | continue");
+    if (watchdog != "auto") {
+      size_t used = 0;
+      try {
+        c.watchdog_seconds = std::stod(watchdog, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      require(used == watchdog.size() && used > 0 && c.watchdog_seconds >= 0, "watchdog-seconds", watchdog,
+              "must be auto, 0 (off) or a number of seconds");
+    }
+    require(c.step_sleep_ms >= 0, "step-sleep-ms", c.step_sleep_ms, "must be >= 0");
+    require(!c.resume.empty(), "resume", c.resume, "must be auto, none or a checkpoint path");
+    require(c.progress == "auto" || c.progress == "tty" || c.progress == "lines", "progress", c.progress,
+            "must be auto, tty or lines");
+    out.config = c;
+  } catch (const po::error& e) {
+    out.message = std::string("h5ddp-train: ") + e.what() + " (see --help)";
+    out.exit_code = 2;
+  } catch (const ConfigError& e) {
+    out.message = std::string("h5ddp-train: ") + e.what();
+    out.exit_code = 2;
+  }
+  return out;
+}
+
+void validate_environment(const TrainConfig& c) {
+  check_fashion_mnist_dir(c.data_dir);
+  std::error_code ec;
+  fs::create_directories(c.run_dir, ec);
+  if (ec || !fs::is_directory(c.run_dir))
+    throw ConfigError("cannot create run directory " + c.run_dir + ": " + (ec ? ec.message() : "not a directory"));
+  // Probe by creating a file: it tests exactly what a save will do (permissions, read-only mounts, quotas).
+  const std::string probe = c.run_dir + "/.h5ddp-write-probe-" + std::to_string(::getpid());
+  std::ofstream f(probe);
+  if (!f || !(f << "x") || !(f.flush())) throw ConfigError("run directory " + c.run_dir + " is not writable");
+  f.close();
+  fs::remove(probe, ec);
+  if (c.resume != "auto" && c.resume != "none" && !fs::exists(c.resume))
+    throw ConfigError("--resume " + c.resume + ": no such checkpoint");
+  if (!c.init_from.empty() && !fs::exists(c.init_from))
+    throw ConfigError("--init-from " + c.init_from + ": no such checkpoint");
+}
+
+}  // namespace h5ddp

@@ -1,0 +1,69 @@
+#include "train/models.hpp"
+
+#include "h5ddp/error.hpp"
+
+namespace h5ddp {
+
+namespace {
+constexpr int64_t kImagePixels = 28 * 28;
+constexpr int64_t kClasses = 10;
+}  // namespace
+
+int64_t parameter_count(const torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+CnnModel::CnnModel(double dropout) : dropout_(dropout) {
+  conv1_ = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3)));
+  conv2_ = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3)));
+  fc1_ = register_module("fc1", torch::nn::Linear(64 * 5 * 5, 128));
+  fc2_ = register_module("fc2", torch::nn::Linear(128, kClasses));
+}
+
+torch::Tensor CnnModel::forward(torch::Tensor x) {
+  x = x.view({-1, 1, 28, 28});
+  x = torch::max_pool2d(torch::relu(conv1_->forward(x)), 2);  // 32 x 13 x 13
+  x = torch::max_pool2d(torch::relu(conv2_->forward(x)), 2);  // 64 x 5 x 5
+  x = torch::dropout(x, dropout_, is_training()).flatten(1);
+  x = torch::dropout(torch::relu(fc1_->forward(x)), dropout_, is_training());
+  return fc2_->forward(x);
+}
+
+std::string CnnModel::describe() const {
+  return "cnn (conv 1->32, conv 32->64, fc 1600->128->10, dropout " + std::to_string(dropout_) + "), " +
+         std::to_string(parameter_count(*this)) + " parameters";
+}
+
+MlpModel::MlpModel(std::vector<int64_t> hidden, double dropout) : dropout_(dropout), hidden_(std::move(hidden)) {
+  int64_t in = kImagePixels;
+  for (size_t i = 0; i <= hidden_.size(); ++i) {
+    const int64_t out = i < hidden_.size() ? hidden_[i] : kClasses;
+    layers_.push_back(register_module("fc" + std::to_string(i + 1), torch::nn::Linear(in, out)));
+    in = out;
+  }
+}
+
+torch::Tensor MlpModel::forward(torch::Tensor x) {
+  x = x.reshape({x.size(0), -1});
+  for (size_t i = 0; i + 1 < layers_.size(); ++i)
+    x = torch::dropout(torch::relu(layers_[i]->forward(x)), dropout_, is_training());
+  return layers_.back()->forward(x);
+}
+
+std::string MlpModel::describe() const {
+  std::string widths = "784";
+  for (int64_t h : hidden_) widths += "->" + std::to_string(h);
+  const int64_t n = parameter_count(*this);
+  return "mlp (" + widths + "->10, dropout " + std::to_string(dropout_) + "), " + std::to_string(n) +
+         " parameters (" + std::to_string(n * 4 / (1 << 20)) + " MiB)";
+}
+
+std::shared_ptr<Model> make_model(const ModelSpec& spec) {
+  if (spec.name == "cnn") return std::make_shared<CnnModel>(spec.dropout);
+  if (spec.name == "mlp") return std::make_shared<MlpModel>(spec.mlp_hidden, spec.dropout);
+  throw ConfigError("unknown model '" + spec.name + "' (cnn | mlp)");
+}
+
+}  // namespace h5ddp

@@ -1,0 +1,465 @@
+#include "train/trainer.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "h5ddp/checkpoint.hpp"
+#include "h5ddp/checkpointer.hpp"
+#include "train/data.hpp"
+#include "h5ddp/ddp.hpp"
+#include "h5ddp/error.hpp"
+#include "core/log.hpp"
+#include "train/lr_schedule.hpp"
+#include "train/models.hpp"
+#include "h5ddp/sampler.hpp"
+#include "h5ddp/stop_signal.hpp"
+#include "torch/torch_state.hpp"
+#include "core/watchdog.hpp"
+
+namespace h5ddp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<torch::Tensor>& p) {
+  if (c.optimizer == "sgd")
+    return std::make_unique<torch::optim::SGD>(
+        p, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+  if (c.optimizer == "adamw")
+    return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+  return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+}
+
+void set_lr(torch::optim::Optimizer& opt, double lr) {
+  for (auto& g : opt.param_groups()) g.options().set_lr(lr);
+}
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "--:--";
+  const long t = std::lround(s);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%02ld:%02ld", t / 60, t % 60);
+  return buf;
+}
+
+std::string shell_join(const std::vector<std::string>& args) {
+  std::string out;
+  for (const auto& a : args) {
+    const bool plain = !a.empty() && a.find_first_of(" \t\n'\"\\$`;&|<>()*?[]{}~!#") == std::string::npos;
+    out += (out.empty() ? "" : " ") + (plain ? a : "'" + a + "'");
+  }
+  return out;
+}
+
+// The batch of `indices` as tensors: images [B, 1, 28, 28] and labels [B].
+std::pair<torch::Tensor, torch::Tensor> gather(const torch::Tensor& images, const torch::Tensor& labels,
+                                               const std::vector<int64_t>& indices) {
+  auto idx = torch::from_blob(const_cast<int64_t*>(indices.data()), {static_cast<int64_t>(indices.size())},
+                              torch::kLong);
+  return {images.index_select(0, idx), labels.index_select(0, idx)};
+}
+
+// Collective. Fraction of the test set classified correctly; each rank scores a contiguous share.
+double evaluate(Model& model, const ImageDataset& test, Comm& comm) {
+  torch::NoGradGuard no_grad;
+  model.eval();
+  const int64_t n = test.count, r = comm.rank(), w = comm.size();
+  const int64_t begin = n * r / w, end = n * (r + 1) / w;
+  auto images = torch::from_blob(const_cast<float*>(test.images.data()), {n, 1, test.rows, test.cols});
+  auto labels = torch::from_blob(const_cast<int64_t*>(test.labels.data()), {n}, torch::kLong);
+  int64_t counts[2] = {0, n};
+  constexpr int64_t kEvalBatch = 1000;
+  for (int64_t b = begin; b < end; b += kEvalBatch) {
+    const int64_t e = std::min(end, b + kEvalBatch);
+    auto pred = model.forward(images.slice(0, b, e)).argmax(1);
+    counts[0] += pred.eq(labels.slice(0, b, e)).sum().item<int64_t>();
+  }
+  comm.allreduce(&counts[0], 1, DType::kI64, ReduceOp::kSum);
+  model.train();
+  return static_cast<double>(counts[0]) / static_cast<double>(n);
+}
+
+// Rank 0's progress display: '\r'-updated line on a terminal, a line every `every` steps otherwise.
+class Progress {
+ public:
+  Progress(bool enabled, const std::string& mode, int64_t total_steps, int64_t log_every)
+      : enabled_(enabled), tty_(enabled && use_tty(mode)), total_(total_steps),
+        every_(log_every > 0 ? log_every : std::max<int64_t>(1, total_steps / 20)) {}
+
+  // Open MPI hands its ranks a pseudo-terminal even when mpirun's own output is a pipe or a file, so
+  // under mpirun "auto" means lines; --progress tty (e.g. from a launch script that saw a terminal) forces it.
+  static bool use_tty(const std::string& mode) {
+    if (mode != "auto") return mode == "tty";
+    return ::isatty(STDOUT_FILENO) && !std::getenv("OMPI_COMM_WORLD_SIZE");
+  }
+
+  void start(int64_t step) {
+    start_step_ = step;
+    start_ = last_print_ = Clock::now();
+  }
+
+  void update(int64_t step, int64_t epoch, int64_t epochs, double loss, int64_t global_batch, bool last) {
+    if (!enabled_) return;
+    loss_sum_ += loss;
+    ++loss_n_;
+    const bool due = tty_ ? (seconds_since(last_print_) > 0.25 || last) : (step % every_ == 0 || last);
+    if (!due) return;
+    const double el = seconds_since(start_);
+    const double sps = el > 0 ? static_cast<double>(step - start_step_) / el : 0;
+    const double eta = sps > 0 ? static_cast<double>(total_ - step) / sps : NAN;
+    std::printf("%sstep %lld/%lld  epoch %lld/%lld  loss %.4f  %.0f samples/s  elapsed %s  ETA %s%s",
+                tty_ ? "\r" : "", static_cast<long long>(step), static_cast<long long>(total_),
+                static_cast<long long>(std::min(epoch + 1, epochs)), static_cast<long long>(epochs),
+                loss_sum_ / std::max<int64_t>(loss_n_, 1), sps * static_cast<double>(global_batch),
+                format_duration(el).c_str(), format_duration(eta).c_str(), tty_ ? "   " : "\n");
+    if (tty_ && last) std::printf("\n");
+    std::fflush(stdout);
+    loss_sum_ = 0;
+    loss_n_ = 0;
+    last_print_ = Clock::now();
+  }
+
+  void end_line() {
+    if (tty_) {
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+  }
+
+ private:
+  bool enabled_, tty_;
+  int64_t total_, every_;
+  int64_t start_step_ = 0;
+  Clock::time_point start_, last_print_;
+  double loss_sum_ = 0;
+  int64_t loss_n_ = 0;
+};
+
+struct SignalScope {  // from the first line: a signal during the data load is not lost
+  SignalScope() { stop_signal::install(); }
+  ~SignalScope() { stop_signal::uninstall(); }
+};
+
+// --watchdog-seconds: a stalled step or save aborts the job with a message instead of hanging it. auto (the
+// default): 20x the slowest step and 10x the slowest save this process has seen, with generous floors
+// (tests: H5DDP_WATCHDOG_FLOOR_SECONDS sets the step floor, and the save floor to 3x it; a test-only hook,
+// armed only with H5DDP_TEST_HOOKS=1, so a stray variable cannot abort a real run).
+class StallWatch {
+ public:
+  enum class Kind { kStep, kSave };
+
+  explicit StallWatch(double configured)
+      : auto_(configured < 0), configured_(configured), step_floor_(floor_from_env()),
+        step_limit_(step_floor_, 20), save_limit_(env_floor_ ? 3 * step_floor_ : kAutoWatchdogSaveFloor, 10),
+        watchdog_(auto_ ? step_floor_ : configured) {}
+
+  Watchdog::Guard watch(const std::string& what, Kind kind, int64_t step) {
+    if (!watchdog_.enabled()) return Watchdog::Guard();
+    const double limit = auto_ ? (kind == Kind::kStep ? step_limit_ : save_limit_).seconds()
+                               : (kind == Kind::kStep ? 1 : 10) * configured_;
+    return watchdog_.guard(what + " at step " + std::to_string(step + 1), limit);
+  }
+  void observe(Kind kind, double seconds) { (kind == Kind::kStep ? step_limit_ : save_limit_).observe(seconds); }
+
+ private:
+  double floor_from_env() {
+    const char* hooks = std::getenv("H5DDP_TEST_HOOKS");
+    const char* env = hooks && std::string(hooks) == "1" ? std::getenv("H5DDP_WATCHDOG_FLOOR_SECONDS") : nullptr;
+    env_floor_ = env != nullptr;
+    return env ? std::max(0.1, std::atof(env)) : kAutoWatchdogStepFloor;
+  }
+
+  bool auto_;
+  double configured_;
+  bool env_floor_ = false;
+  double step_floor_;
+  AutoLimit step_limit_, save_limit_;
+  Watchdog watchdog_;
+};
+
+CheckpointerOptions checkpointer_options(const TrainConfig& c) {
+  CheckpointerOptions o;
+  o.run_dir = c.run_dir;
+  o.every_steps = c.checkpoint_every_steps;
+  o.every_seconds = c.checkpoint_every_seconds;
+  o.keep_last = c.keep_last;
+  o.keep_every = c.keep_every;
+  o.async = c.async_checkpoint;
+  o.fsync = c.fsync;
+  o.verify_replicas = c.verify_replicas;
+  o.continue_on_save_error = c.on_save_error == "continue";
+  return o;
+}
+
+// h5ddp-train's loop, one concern per function: options, data, model, resume, schedule, steps, end of run.
+// The checkpointing (triggers, signals, saves, resume) is the Checkpointer's, as in a user's own loop.
+class Trainer {
+ public:
+  Trainer(const TrainConfig& config, Comm& comm)
+      : config_(config), comm_(comm), root_(comm.rank() == 0), watch_(config.watchdog_seconds) {}
+
+  TrainResult run() {
+    validate_options();
+    torch::set_num_threads(config_.threads);
+    load_data();
+    build_model();
+    resume_or_init();
+    plan();
+    train();
+    if (ckpt_->exit_code() != 0) return stopped();
+    finish();
+    return result_;
+  }
+
+ private:
+  // Collective. Every rank checks what needs no I/O and the ranks agree before anything else happens.
+  void validate_options() {
+    std::string err;
+    try {
+      // The global batch the run will use: the checkpoint's, unless --batch-size is given (or nothing resumes).
+      if (config_.batch_size_set || config_.resume == "none") check_global_batch(config_.batch_size, comm_.size());
+      validate_environment(config_);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    comm_.raise_if_any(err);
+  }
+
+  // Collective. Every rank holds the whole (small) data set; the sampler picks each rank's share.
+  void load_data() {
+    std::string err;
+    try {
+      train_set_ = read_fashion_mnist(config_.data_dir, "train");
+      if (config_.evaluate) test_set_ = read_fashion_mnist(config_.data_dir, "t10k");
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    comm_.raise_if_any(err);
+    images_ = torch::from_blob(train_set_.images.data(), {train_set_.count, 1, train_set_.rows, train_set_.cols});
+    labels_ = torch::from_blob(train_set_.labels.data(), {train_set_.count}, torch::kLong);
+  }
+
+  // Collective. Same initial weights everywhere (DDP broadcasts rank 0's anyway), then per-rank dropout streams.
+  void build_model() {
+    torch::manual_seed(config_.seed);
+    model_ = make_model(config_.model);
+    optimizer_ = make_optimizer(config_, model_->parameters());
+    ddp_ = std::make_unique<DistributedDataParallel>(model_, comm_);
+    ckpt_ = std::make_unique<Checkpointer>(comm_, *model_, *optimizer_, checkpointer_options(config_));
+    seed_rank_rng(config_.seed, comm_.rank());
+    if (root_) log::root_info("model: " + model_->describe());
+    ckpt_->set_meta("model", config_.model.name);
+    ckpt_->set_meta("model_description", model_->describe());
+    ckpt_->set_meta("dropout", std::to_string(config_.model.dropout));
+    if (config_.model.name == "mlp") {
+      std::string w;
+      for (int64_t h : config_.model.mlp_hidden) w += (w.empty() ? "" : ",") + std::to_string(h);
+      ckpt_->set_meta("mlp_hidden", w);
+    }
+    ckpt_->data().seed = config_.seed;
+    ckpt_->data().global_batch = config_.batch_size;
+  }
+
+  // Collective. --resume auto: the newest checkpoint of the run dir that loads (none: a fresh start exactly
+  // like a run in an empty directory); a path: that file; none: fresh. --init-from: weights only.
+  void resume_or_init() {
+    ResumeInfo info;
+    if (config_.resume == "auto") info = ckpt_->resume();
+    else if (config_.resume != "none") info = ckpt_->resume_from(config_.resume);
+    // A later --resume auto takes the highest step in the run dir: say which files of an older run would shadow.
+    if (config_.resume == "none") warn_of_checkpoints_in_fresh_run_dir(comm_, config_.run_dir);
+    if (info.resumed) {
+      report_resume(info);
+    } else if (!config_.init_from.empty()) {
+      ckpt_->load_weights(config_.init_from);
+      if (root_) log::root_info("initialised the weights from " + config_.init_from);
+    }
+    check_batch(info);
+  }
+
+  void report_resume(const ResumeInfo& info) {
+    DataState& data = ckpt_->data();
+    if (config_.batch_size_set && config_.batch_size != data.global_batch) {
+      log::root_info("warning: --batch-size " + std::to_string(config_.batch_size) + " differs from the " +
+                     std::to_string(data.global_batch) + " of the checkpoint; continuing with " +
+                     std::to_string(config_.batch_size) + " from sample " + std::to_string(data.position));
+      data.global_batch = config_.batch_size;
+    }
+    if (data.seed != config_.seed)
+      log::root_info("note: the data order continues with the checkpoint's seed " + std::to_string(data.seed));
+    result_.resumed_from = info.path;
+    if (root_)
+      log::root_info("resumed from " + info.path + " at step " + std::to_string(info.step) + ", epoch " +
+                     std::to_string(data.epoch) + ", sample " + std::to_string(data.position) + " (saved at " +
+                     std::to_string(info.saved_world_size) + " ranks, now " + std::to_string(comm_.size()) +
+                     (info.rng_exact ? "" : "; ranks beyond the saved world size got derived RNG streams") + ")");
+  }
+
+  // Collective. The checkpoint's global batch at another world size: the same verdict on every rank.
+  void check_batch(const ResumeInfo& info) {
+    std::string bad_batch;
+    try {
+      check_global_batch(ckpt_->data().global_batch, comm_.size());
+    } catch (const Error& e) {
+      bad_batch = std::string(e.what()) +
+                  (info.resumed ? " (the global batch of " + info.path + "; pass --batch-size to change it)" : "");
+    }
+    comm_.raise_if_any(bad_batch);
+  }
+
+  // The steps to the end of the last epoch, counted from where the data position is: after a resume with
+  // another --batch-size the steps already taken were of another size.
+  void plan() {
+    const DataState& data = ckpt_->data();
+    sampler_ = std::make_unique<DistributedSampler>(train_set_.count, data.global_batch, data.seed, comm_.size(),
+                                                    comm_.rank());
+    const int64_t step = ckpt_->step();
+    const int64_t planned =
+        step + (data.epoch < config_.epochs ? (train_set_.count - data.position) / data.global_batch +
+                                                  sampler_->steps_per_epoch() * (config_.epochs - data.epoch - 1)
+                                            : 0);
+    total_steps_ = config_.max_steps > 0 ? std::min(config_.max_steps, planned) : planned;
+    schedule_.type = config_.lr_schedule;
+    schedule_.base_lr = config_.lr;
+    schedule_.step_size = config_.lr_step_size > 0 ? config_.lr_step_size : sampler_->steps_per_epoch();
+    schedule_.gamma = config_.lr_gamma;
+    schedule_.total_steps = total_steps_;
+    ckpt_->set_scheduler_state([this](int64_t s) { return schedule_.to_state(s); });
+  }
+
+  bool done() const { return ckpt_->step() >= total_steps_ || ckpt_->data().epoch >= config_.epochs; }
+
+  void train() {
+    progress_ = std::make_unique<Progress>(root_, config_.progress, total_steps_, config_.log_every);
+    progress_->start(ckpt_->step());
+    t_start_ = Clock::now();
+    model_->train();
+    while (!done())
+      if (!step()) break;
+    result_.train_seconds = seconds_since(t_start_);
+    result_.step = ckpt_->step();
+    result_.epoch = ckpt_->data().epoch;
+    result_.last_checkpoint = ckpt_->last_checkpoint();
+  }
+
+  // Collective. One optimizer step, then the Checkpointer's agreement and save. False: a stop signal (saved).
+  bool step() {
+    const auto step_start = Clock::now();
+    const int64_t step = ckpt_->step();
+    auto guard = watch_.watch("training step (forward/backward, gradient allreduce, step agreement)",
+                              StallWatch::Kind::kStep, step);
+    DataState& data = ckpt_->data();
+    auto [x, y] = gather(images_, labels_, sampler_->local_indices(data.epoch, data.position));
+    set_lr(*optimizer_, schedule_.lr_at(step));
+    ddp_->prepare_forward();
+    auto loss = torch::nn::functional::cross_entropy(model_->forward(x), y);
+    loss.backward();
+    ddp_->finish_backward();
+    optimizer_->step();
+    optimizer_->zero_grad();
+    sampler_->advance(data);  // the rest of an epoch's permutation that fills no batch is dropped
+
+    StepOutcome outcome = ckpt_->agree_step(step + 1, loss.item<double>());
+    progress_->update(step + 1, data.epoch, config_.epochs, outcome.value_mean, data.global_batch, done());
+    guard.release();
+    watch_.observe(StallWatch::Kind::kStep, seconds_since(step_start));
+    if (outcome.save_due) {
+      const auto save_start = Clock::now();
+      auto save_guard = watch_.watch("checkpoint save", StallWatch::Kind::kSave, step + 1);
+      ckpt_->save_if_due(outcome);
+      watch_.observe(StallWatch::Kind::kSave, seconds_since(save_start));
+    }
+    if (outcome.stop) return false;
+    if (config_.step_sleep_ms > 0) {  // stands for compute in tests: watched like the step it stands for
+      auto sleep_guard = watch_.watch("step sleep (--step-sleep-ms)", StallWatch::Kind::kStep, step + 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(config_.step_sleep_ms));
+    }
+    return true;
+  }
+
+  // A signal (also one after the last step) saved the state; training asks to be requeued.
+  TrainResult stopped() {
+    if (root_) {
+      progress_->end_line();
+      std::printf("stopped by a signal at step %lld; saved %s; exit code %d (%s)\n",
+                  static_cast<long long>(ckpt_->step()), ckpt_->last_checkpoint().c_str(), ckpt_->exit_code(),
+                  ckpt_->exit_code() == stop_signal::kExitRequeue ? "requeue me" : "interrupted");
+      std::fflush(stdout);
+    }
+    result_.exit_code = ckpt_->exit_code();
+    return result_;
+  }
+
+  // Collective. The background save in flight, the final save, the evaluation, the summary.
+  void finish() {
+    {
+      auto guard = watch_.watch(config_.final_checkpoint ? "final checkpoint save"
+                                                         : "wait for the background checkpoint save",
+                                StallWatch::Kind::kSave, ckpt_->step());
+      ckpt_->finish(config_.final_checkpoint);
+    }
+    result_.last_checkpoint = ckpt_->last_checkpoint();
+    if (config_.evaluate) result_.test_accuracy = evaluate(*model_, test_set_, comm_);
+    if (root_) print_summary();
+  }
+
+  void print_summary() const {
+    const int64_t step = ckpt_->step(), epoch = ckpt_->data().epoch;
+    std::printf("trained to step %lld (%lld of %lld epochs complete) in %.1f s at %d ranks\n",
+                static_cast<long long>(step), static_cast<long long>(std::min(epoch, config_.epochs)),
+                static_cast<long long>(config_.epochs), result_.train_seconds, comm_.size());
+    if (config_.evaluate)
+      std::printf("test accuracy: %.2f%% on %lld images\n", 100.0 * result_.test_accuracy,
+                  static_cast<long long>(test_set_.count));
+    const std::string ckpt = !result_.last_checkpoint.empty() ? result_.last_checkpoint : result_.resumed_from;
+    if (!ckpt.empty()) print_next_commands(ckpt);
+    std::fflush(stdout);
+  }
+
+  void print_next_commands(const std::string& ckpt) const {
+    const auto& argv = config_.command_line;
+    std::vector<std::string> command{argv.empty() ? std::string("h5ddp-train") : argv[0]};
+    if (!argv.empty()) command.insert(command.end(), argv.begin() + 1, argv.end());
+    const std::string dir = std::filesystem::path(command[0]).parent_path().string();
+    std::printf("checkpoint: %s\n", ckpt.c_str());
+    std::printf("resume (newest checkpoint of the run dir; raise --epochs/--max-steps to train further):\n"
+                "  mpirun -np %d %s\n",
+                comm_.size(), shell_join(command).c_str());
+    std::printf("inspect:\n  %s info %s\n", shell_join({(dir.empty() ? "" : dir + "/") + "h5ddp-ckpt"}).c_str(),
+                shell_join({ckpt}).c_str());
+  }
+
+  const TrainConfig& config_;
+  Comm& comm_;
+  const bool root_;
+  SignalScope signals_;
+  StallWatch watch_;
+  TrainResult result_;
+  ImageDataset train_set_, test_set_;
+  torch::Tensor images_, labels_;
+  std::shared_ptr<Model> model_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<DistributedDataParallel> ddp_;
+  std::unique_ptr<Checkpointer> ckpt_;
+  std::unique_ptr<DistributedSampler> sampler_;
+  std::unique_ptr<Progress> progress_;
+  LrSchedule schedule_;
+  int64_t total_steps_ = 0;
+  Clock::time_point t_start_;
+};
+
+}  // namespace
+
+TrainResult run_training(const TrainConfig& config, Comm& comm) { return Trainer(config, comm).run(); }
+
+}  // namespace h5ddp

@@ -1,0 +1,275 @@
+// Checkpointer (issue 19): resume restores everything or nothing, tracked user state, optimizer type deduced,
+// versions filled, triggers and an agreed stop signal. Runs at 1 and 2 ranks.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <torch/torch.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+
+#include "h5ddp/checkpointer.hpp"
+#include "h5ddp/error.hpp"
+#include "h5/h5.hpp"
+#include "h5ddp/stop_signal.hpp"
+#include "test_util.hpp"
+
+namespace h5ddp {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Net : torch::nn::Module {
+  torch::nn::Linear fc1{register_module("fc1", torch::nn::Linear(8, 16))};
+  torch::nn::BatchNorm1d bn{register_module("bn", torch::nn::BatchNorm1d(16))};
+  torch::nn::Linear fc2{register_module("fc2", torch::nn::Linear(16, 3))};
+  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(bn(fc1(x)))); }
+};
+
+// A model, an optimizer and a Checkpointer over them, trained a few steps with rank-dependent data (the
+// gradients are averaged by hand: this test is about checkpoints, not DDP).
+struct Trained {
+  explicit Trained(const std::string& dir, const std::string& opt = "adam", CheckpointerOptions o = {}) {
+    torch::manual_seed(1);
+    net = std::make_shared<Net>();
+    if (opt == "sgd") optimizer = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    else optimizer = std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-2));
+    o.run_dir = dir;
+    o.fsync = false;
+    ckpt = std::make_unique<Checkpointer>(test::world(), *net, *optimizer, o);
+    ckpt->data().global_batch = 8;
+    ckpt->data().seed = 3;
+  }
+
+  void train(int steps) {
+    auto& w = test::world();
+    for (int i = 0; i < steps; ++i) {
+      torch::manual_seed(100 + ckpt->step());  // the same data on every rank: replicas stay equal
+      auto loss = net->forward(torch::randn({8, 8})).pow(2).mean();
+      loss.backward();
+      for (auto& p : net->parameters()) {
+        auto g = p.grad().contiguous();
+        w.allreduce(g.data_ptr<float>(), static_cast<size_t>(g.numel()), DType::kF32, ReduceOp::kSum);
+        p.grad().copy_(g / w.size());
+      }
+      optimizer->step();
+      optimizer->zero_grad();
+      ckpt->data().position += 8;
+      ckpt->step_end(ckpt->step() + 1, loss.item<double>());
+    }
+  }
+
+  std::vector<torch::Tensor> weights() {
+    std::vector<torch::Tensor> out;
+    for (auto& t : net->parameters()) out.push_back(t.detach().clone());
+    for (auto& t : net->buffers()) out.push_back(t.detach().clone());
+    return out;
+  }
+
+  std::shared_ptr<Net> net;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<Checkpointer> ckpt;
+};
+
+bool equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!torch::equal(a[i], b[i])) return false;
+  return true;
+}
+
+// Flips one byte in the middle of a dataset's storage (rank 0), so the load fails only at its checksum,
+// after the bytes were read into the destinations.
+void corrupt(const std::string& path, const std::string& dataset) {
+  if (test::world().rank() == 0) {
+    haddr_t offset;
+    hsize_t size;
+    {
+      h5::Handle f = h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+      h5::Handle ds = h5::dataset(H5Dopen2(f, dataset.c_str(), H5P_DEFAULT));
+      offset = H5Dget_offset(ds);
+      size = H5Dget_storage_size(ds);
+    }
+    std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(static_cast<std::streamoff>(offset + size / 2));
+    char c = 0;
+    io.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    io.seekp(static_cast<std::streamoff>(offset + size / 2));
+    io.write(&c, 1);
+  }
+  test::world().barrier();
+}
+
+std::string attr(const std::string& path, const char* name) {
+  h5::Handle f = h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  return h5::read_attr_string(f, name);
+}
+
+TEST(Checkpointer, DeducesTheOptimizerTypeAndRefusesOthers) {
+  torch::nn::Linear lin(2, 2);
+  torch::optim::Adam adam(lin->parameters());
+  torch::optim::AdamW adamw(lin->parameters());
+  torch::optim::SGD sgd(lin->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::RMSprop rms(lin->parameters());
+  EXPECT_EQ(optimizer_type_of(adam), "adam");
+  EXPECT_EQ(optimizer_type_of(adamw), "adamw");
+  EXPECT_EQ(optimizer_type_of(sgd), "sgd");
+  EXPECT_THROW(optimizer_type_of(rms), ConfigError);
+}
+
+TEST(Checkpointer, FreshStartThenResumeRestoresEverythingAndTrackedState) {
+  const std::string dir = test::scratch_dir("ckptr-resume");
+  torch::Tensor ema = torch::arange(5, torch::kFloat);
+  int64_t counter = 0;
+  double scale = 0;
+  std::vector<torch::Tensor> saved_weights;
+  {
+    CheckpointerOptions o;
+    o.every_steps = 3;
+    Trained s(dir, "adam", o);
+    s.ckpt->track("ema", ema);
+    s.ckpt->track("counter", &counter);
+    s.ckpt->track("scale", &scale);
+    EXPECT_FALSE(s.ckpt->resume().resumed);
+    s.train(2);
+    ema.add_(1);
+    counter = 41;
+    scale = 0.5;
+    s.train(1);  // step 3: saved
+    EXPECT_EQ(s.ckpt->last_saved_step(), 3);
+    saved_weights = s.weights();
+    const std::string path = s.ckpt->last_checkpoint();
+    EXPECT_EQ(attr(path, "torch_version"), std::to_string(TORCH_VERSION_MAJOR) + "." +
+                                               std::to_string(TORCH_VERSION_MINOR) + "." +
+                                               std::to_string(TORCH_VERSION_PATCH));
+  }
+  ema.zero_();
+  counter = 0;
+  scale = 0;
+  Trained r(dir);
+  r.ckpt->track("ema", ema);
+  r.ckpt->track("counter", &counter);
+  r.ckpt->track("scale", &scale);
+  const ResumeInfo info = r.ckpt->resume();
+  ASSERT_TRUE(info.resumed);
+  EXPECT_EQ(info.step, 3);
+  EXPECT_EQ(r.ckpt->data().position, 24);
+  EXPECT_EQ(r.ckpt->counters().samples_consumed, 24);
+  EXPECT_TRUE(info.rng_exact);
+  EXPECT_TRUE(equal(r.weights(), saved_weights));
+  EXPECT_TRUE(torch::equal(ema, torch::arange(5, torch::kFloat) + 1));
+  EXPECT_EQ(counter, 41);
+  EXPECT_EQ(scale, 0.5);
+  EXPECT_FALSE(r.optimizer->state().empty());
+}
+
+TEST(Checkpointer, DamagedCandidateLeavesNothingHalfLoaded) {
+  const std::string dir = test::scratch_dir("ckptr-damaged");
+  {
+    Trained s(dir);
+    s.train(2);
+    s.ckpt->save();
+    s.train(2);
+    s.ckpt->save();
+  }
+  const std::string newest = dir + "/ckpt-00000004.h5", older = dir + "/ckpt-00000002.h5";
+  corrupt(newest, "/optimizer/state/fc2.weight/exp_avg_sq");
+  {  // the damaged newest is skipped, the older one loads
+    Trained r(dir);
+    const ResumeInfo info = r.ckpt->resume();
+    EXPECT_TRUE(info.resumed);
+    EXPECT_EQ(info.path, older);
+    EXPECT_EQ(r.ckpt->step(), 2);
+  }
+  corrupt(older, "/model/fc2.bias");
+  Trained r(dir);
+  r.train(1);  // some optimizer state and weights of this process
+  const auto before = r.weights();
+  const size_t opt_entries = r.optimizer->state().size();
+  const ResumeInfo info = r.ckpt->resume();  // both damaged: a fresh start with the state as it was
+  EXPECT_FALSE(info.resumed);
+  EXPECT_TRUE(equal(r.weights(), before));
+  EXPECT_EQ(r.optimizer->state().size(), opt_entries);
+  EXPECT_THROW(r.ckpt->resume_from(newest), Error);  // an explicit file: an error, and still nothing changed
+  EXPECT_TRUE(equal(r.weights(), before));
+  EXPECT_EQ(r.optimizer->state().size(), opt_entries);
+  r.train(1);  // and training goes on from there
+}
+
+TEST(Checkpointer, AnotherOptimizerOrTrackedStateIsAnErrorOnEveryRank) {
+  const std::string dir = test::scratch_dir("ckptr-mismatch");
+  {
+    Trained s(dir);
+    s.train(1);
+    s.ckpt->save();
+  }
+  {
+    Trained r(dir, "sgd");
+    const auto before = r.weights();
+    try {
+      r.ckpt->resume();
+      ADD_FAILURE() << "resumed an adam checkpoint into SGD";
+    } catch (const DisagreementError& e) {
+      EXPECT_NE(std::string(e.what()).find("adam optimizer"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(equal(r.weights(), before));
+  }
+  Trained r(dir);
+  torch::Tensor extra = torch::zeros({2});
+  r.ckpt->track("extra", extra);
+  try {
+    r.ckpt->resume();
+    ADD_FAILURE() << "resumed a file without the tracked state";
+  } catch (const CheckpointMismatchError& e) {
+    EXPECT_NE(std::string(e.what()).find("/user/extra"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Checkpointer, LoadWeightsTakesOnlyTheWeightsOfAnyOptimizersFile) {
+  const std::string dir = test::scratch_dir("ckptr-weights");
+  std::vector<torch::Tensor> saved;
+  {
+    Trained s(dir, "sgd");
+    s.train(2);
+    s.ckpt->save();
+    saved = s.weights();
+  }
+  Trained r(test::scratch_dir("ckptr-weights-new"));
+  r.ckpt->load_weights(dir + "/ckpt-00000002.h5");
+  EXPECT_TRUE(equal(r.weights(), saved));
+  EXPECT_TRUE(r.optimizer->state().empty());
+  EXPECT_EQ(r.ckpt->step(), 0);
+}
+
+TEST(Checkpointer, SignalOnOneRankStopsAndSavesOnAll) {
+  const std::string dir = test::scratch_dir("ckptr-signal");
+  Trained s(dir);
+  s.train(2);
+  if (test::world().rank() == test::world().size() - 1) std::raise(SIGUSR1);
+  StepOutcome o = s.ckpt->step_end(3);
+  EXPECT_TRUE(o.stop);
+  EXPECT_TRUE(o.saved);
+  EXPECT_EQ(o.exit_code, stop_signal::kExitRequeue);
+  EXPECT_EQ(s.ckpt->exit_code(), stop_signal::kExitRequeue);
+  EXPECT_TRUE(fs::exists(dir + "/ckpt-00000003.h5"));
+  stop_signal::clear();
+}
+
+TEST(Checkpointer, AsyncSavesAreCommittedByFinish) {
+  const std::string dir = test::scratch_dir("ckptr-async");
+  CheckpointerOptions o;
+  o.async = true;
+  o.every_steps = 2;
+  o.keep_last = 2;
+  Trained s(dir, "adam", o);
+  s.train(5);
+  const SaveResult r = s.ckpt->finish();
+  EXPECT_EQ(r.path, dir + "/ckpt-00000005.h5");
+  EXPECT_EQ(s.ckpt->last_saved_step(), 5);
+  EXPECT_FALSE(fs::exists(dir + "/ckpt-00000002.h5"));  // keep_last 2: 4 and 5 remain
+  EXPECT_TRUE(fs::exists(dir + "/ckpt-00000004.h5"));
+}
+
+}  // namespace
+}  // namespace h5ddp
