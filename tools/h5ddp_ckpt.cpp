@@ -15,12 +15,19 @@ struct Subcommand {
 };
 
 const Subcommand kSubcommands[] = {
-    {"info", "info FILE            step, world size, versions, optimizer, dataset tree with sizes", h5ddp::ckpt_tool::run_info},
-    {"verify", "verify FILE...       recompute every checksum, check the layout (exit 0 = all valid)", h5ddp::ckpt_tool::run_verify},
-    {"diff", "diff A B             per-tensor max abs/rel difference (exit 0 identical, 1 differ, 2 error)", h5ddp::ckpt_tool::run_diff},
-    {"export", "export FILE --to OUT.pt [--add-prefix module.]   a dict for torch.load (model, optimizer, counters)", h5ddp::ckpt_tool::run_export},
-    {"import", "import IN.pt --to FILE.h5 [--model cnn|mlp]      a torch.save'd state dict as a checkpoint for --init-from", h5ddp::ckpt_tool::run_import},
-    {"eval", "eval FILE [--count N]  loss and accuracy of the checkpoint's model on Fashion-MNIST test images", h5ddp::ckpt_tool::run_eval},
+    {"info", "info FILE            step, world size, versions, optimizer, dataset tree with sizes",
+     h5ddp::ckpt_tool::run_info},
+    {"verify", "verify FILE...       recompute every checksum, check the layout (exit 0 = all valid)",
+     h5ddp::ckpt_tool::run_verify},
+    {"diff", "diff A B             per-tensor max abs/rel difference (exit 0 identical, 1 differ, 2 error)",
+     h5ddp::ckpt_tool::run_diff},
+    {"export", "export FILE --to OUT.pt [--add-prefix module.]   a dict for torch.load (model, optimizer, counters)",
+     h5ddp::ckpt_tool::run_export},
+    {"import",
+     "import IN.pt --to FILE.h5 [--model cnn|mlp]      a torch.save'd state dict as a checkpoint for --init-from",
+     h5ddp::ckpt_tool::run_import},
+    {"eval", "eval FILE [--count N]  loss and accuracy of the checkpoint's model on Fashion-MNIST test images",
+     h5ddp::ckpt_tool::run_eval},
 };
 
 int usage(FILE* out) {

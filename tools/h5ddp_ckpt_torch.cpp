@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "ckpt_torch/interop.hpp"
-#include "h5ddp/error.hpp"
 #include "core/log.hpp"
+#include "h5ddp/error.hpp"
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/mpi_env.hpp"
 
@@ -64,7 +64,8 @@ CommandLine parse(int argc, char** argv, int start, const std::vector<std::strin
 
 std::string one_file(const CommandLine& c, const char* what) {
   if (c.positional.size() != 1)
-    throw h5ddp::ConfigError(std::string("expects exactly one ") + what + ", got " + std::to_string(c.positional.size()));
+    throw h5ddp::ConfigError(std::string("expects exactly one ") + what + ", got " +
+                             std::to_string(c.positional.size()));
   return c.positional[0];
 }
 
@@ -115,8 +116,9 @@ int run(const std::string& command, int argc, char** argv, h5ddp::Comm* comm, bo
     if (dry) return 0;
     const size_t n = import_state_dict(*comm, o);
     if (root)
-      std::printf("imported %zu tensors of %s into %s (step 0, model only)\nstart from it: h5ddp-train --init-from %s\n",
-                  n, o.input.c_str(), o.output.c_str(), o.output.c_str());
+      std::printf(
+          "imported %zu tensors of %s into %s (step 0, model only)\nstart from it: h5ddp-train --init-from %s\n", n,
+          o.input.c_str(), o.output.c_str(), o.output.c_str());
     return 0;
   }
   if (command == "eval") {

@@ -3,10 +3,10 @@
 // 2 bad options, 70 watchdog).
 #include <cstdio>
 
-#include "train/config.hpp"
 #include "core/log.hpp"
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/mpi_env.hpp"
+#include "train/config.hpp"
 #include "train/trainer.hpp"
 
 int main(int argc, char** argv) {

@@ -18,10 +18,10 @@
 namespace h5ddp {
 
 struct SaveOptions {
-  bool fsync = true;     // fsync the file (every rank) and the directory before and after the rename
-  int keep_last = 0;     // retention: keep the K newest ckpt-<step>.h5 (0 = keep all)
-  int keep_every = 0;    // retention: also keep every file whose step is a multiple of M (0 = none)
-  std::string name;      // file name in run_dir; default "ckpt-%08lld.h5" of counters.step (".h5" added if missing)
+  bool fsync = true;   // fsync the file (every rank) and the directory before and after the rename
+  int keep_last = 0;   // retention: keep the K newest ckpt-<step>.h5 (0 = keep all)
+  int keep_every = 0;  // retention: also keep every file whose step is a multiple of M (0 = none)
+  std::string name;    // file name in run_dir; default "ckpt-%08lld.h5" of counters.step (".h5" added if missing)
   bool update_latest = true;  // move run_dir/latest to this file
   // Replicated tensors must be identical on all ranks. By default each tensor is hashed in full by the one
   // rank that writes it (its checksum), and ranks compare a sample of every tensor (16 blocks of 4 KiB, all

@@ -48,21 +48,21 @@ struct CheckpointerOptions {
 
 // What resume() found.
 struct ResumeInfo {
-  bool resumed = false;       // false: a fresh start (nothing in run_dir loaded)
-  std::string path;           // the file loaded
-  int64_t step = 0;           // counters().step after the load
-  int saved_world_size = 0;   // ranks at save
-  bool rng_exact = true;      // every rank got the stream it had at save (false: more ranks than at save)
+  bool resumed = false;                     // false: a fresh start (nothing in run_dir loaded)
+  std::string path;                         // the file loaded
+  int64_t step = 0;                         // counters().step after the load
+  int saved_world_size = 0;                 // ranks at save
+  bool rng_exact = true;                    // every rank got the stream it had at save (false: more ranks than at save)
   std::map<std::string, std::string> meta;  // the file's meta strings
 };
 
 // What step_end() decided, the same on every rank.
 struct StepOutcome {
-  bool saved = false;      // a checkpoint was saved at this step (started, with async)
-  bool stop = false;       // a stop signal reached some rank: the state is saved, leave the loop
-  int exit_code = 0;       // with stop: 75 (SIGUSR1/SIGTERM, requeue me) or 130 (SIGINT)
-  double value_mean = 0;   // mean over ranks of step_end's `value` (e.g. the loss), reduced with the decision
-  bool save_due = false;   // agree_step(): step, time or signal trigger fired
+  bool saved = false;     // a checkpoint was saved at this step (started, with async)
+  bool stop = false;      // a stop signal reached some rank: the state is saved, leave the loop
+  int exit_code = 0;      // with stop: 75 (SIGUSR1/SIGTERM, requeue me) or 130 (SIGINT)
+  double value_mean = 0;  // mean over ranks of step_end's `value` (e.g. the loss), reduced with the decision
+  bool save_due = false;  // agree_step(): step, time or signal trigger fired
 };
 
 class Checkpointer {

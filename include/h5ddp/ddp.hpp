@@ -88,13 +88,13 @@ class DistributedDataParallel {
   const std::vector<BucketSpec>& buckets() const { return buckets_; }
 
   struct Stats {
-    size_t steps = 0;                  // synchronised finish_backward calls
-    size_t buckets_launched = 0;       // all launches
+    size_t steps = 0;                         // synchronised finish_backward calls
+    size_t buckets_launched = 0;              // all launches
     size_t buckets_launched_in_backward = 0;  // launched from autograd hooks (could overlap backward)
     size_t bytes_reduced = 0;
-    double comm_wait_seconds = 0;      // time finish_backward spent waiting for allreduces
-    double finish_seconds = 0;         // total time in finish_backward (wait + launch + average + copy)
-    double broadcast_seconds = 0;      // buffer broadcasts in prepare_forward
+    double comm_wait_seconds = 0;  // time finish_backward spent waiting for allreduces
+    double finish_seconds = 0;     // total time in finish_backward (wait + launch + average + copy)
+    double broadcast_seconds = 0;  // buffer broadcasts in prepare_forward
   };
   const Stats& stats() const { return stats_; }
   void reset_stats() { stats_ = Stats{}; }
@@ -120,9 +120,9 @@ class DistributedDataParallel {
   std::vector<torch::Tensor> buffers_;
   std::vector<BucketSpec> buckets_;
   std::vector<std::unique_ptr<Bucket>> bucket_state_;
-  std::vector<size_t> param_bucket_;           // param -> bucket index
-  std::vector<torch::Tensor> param_slot_;      // param -> view into its bucket buffer, shaped like the param
-  std::vector<uint8_t> ready_;                 // param -> hook fired in this step
+  std::vector<size_t> param_bucket_;       // param -> bucket index
+  std::vector<torch::Tensor> param_slot_;  // param -> view into its bucket buffer, shaped like the param
+  std::vector<uint8_t> ready_;             // param -> hook fired in this step
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
   size_t next_launch_ = 0;

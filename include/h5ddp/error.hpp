@@ -30,17 +30,35 @@ class Error : public std::runtime_error {
   bool agreed_ = false;
 };
 
-class MpiError : public Error { using Error::Error; };        // an MPI call failed
-class H5Error : public Error { using Error::Error; };         // an HDF5 call failed (message has the error stack)
-class CudaError : public Error { using Error::Error; };       // a CUDA runtime call failed
-class NcclError : public Error { using Error::Error; };       // an NCCL call failed
-class ConfigError : public Error { using Error::Error; };     // bad option or configuration
-class DisagreementError : public Error { using Error::Error; };  // ranks disagreed before a collective
-class CheckpointError : public Error { using Error::Error; };    // a checkpoint is invalid or cannot be written
+class MpiError : public Error {
+  using Error::Error;
+};  // an MPI call failed
+class H5Error : public Error {
+  using Error::Error;
+};  // an HDF5 call failed (message has the error stack)
+class CudaError : public Error {
+  using Error::Error;
+};  // a CUDA runtime call failed
+class NcclError : public Error {
+  using Error::Error;
+};  // an NCCL call failed
+class ConfigError : public Error {
+  using Error::Error;
+};  // bad option or configuration
+class DisagreementError : public Error {
+  using Error::Error;
+};  // ranks disagreed before a collective
+class CheckpointError : public Error {
+  using Error::Error;
+};  // a checkpoint is invalid or cannot be written
 // A readable checkpoint of another model or optimizer than the one to load into (missing or extra keys,
 // shapes, dtypes): resuming must not fall back to an older file, which would not match either.
-class CheckpointMismatchError : public CheckpointError { using CheckpointError::CheckpointError; };
-class DataError : public Error { using Error::Error; };          // a data set file is missing or malformed
+class CheckpointMismatchError : public CheckpointError {
+  using CheckpointError::CheckpointError;
+};
+class DataError : public Error {
+  using Error::Error;
+};  // a data set file is missing or malformed
 
 // "[host rank r/N]" once MpiEnv has started, "[host]" before.
 std::string process_tag();
@@ -48,7 +66,7 @@ std::string process_tag();
 namespace detail {
 void set_process_identity(const std::string& host, int rank, int size);
 [[noreturn]] void throw_mpi_error(int code, const char* expr, const char* file, int line);
-[[noreturn]] void throw_h5_error(const char* expr, const char* file, int line);     // defined in h5ddp_io
+[[noreturn]] void throw_h5_error(const char* expr, const char* file, int line);              // defined in h5ddp_io
 [[noreturn]] void throw_cuda_error(int code, const char* expr, const char* file, int line);  // CUDA builds
 [[noreturn]] void throw_nccl_error(int code, const char* expr, const char* file, int line);  // CUDA builds
 [[noreturn]] void throw_check_failed(const char* expr, const std::string& message, const char* file, int line);
@@ -75,32 +93,32 @@ auto with_context(const std::string& context, F&& f) -> decltype(f()) {
 
 }  // namespace h5ddp
 
-#define H5DDP_CHECK_MPI(expr)                                                       \
-  do {                                                                              \
-    const int h5ddp_rc_ = (expr);                                                   \
+#define H5DDP_CHECK_MPI(expr)                                                                   \
+  do {                                                                                          \
+    const int h5ddp_rc_ = (expr);                                                               \
     if (h5ddp_rc_ != 0) ::h5ddp::detail::throw_mpi_error(h5ddp_rc_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 // For HDF5 calls returning herr_t or hid_t: negative means failure.
-#define H5DDP_CHECK_H5(expr)                                                        \
-  do {                                                                              \
-    if ((expr) < 0) ::h5ddp::detail::throw_h5_error(#expr, __FILE__, __LINE__);     \
+#define H5DDP_CHECK_H5(expr)                                                    \
+  do {                                                                          \
+    if ((expr) < 0) ::h5ddp::detail::throw_h5_error(#expr, __FILE__, __LINE__); \
   } while (0)
 
-#define H5DDP_CHECK_CUDA(expr)                                                      \
-  do {                                                                              \
-    const int h5ddp_rc_ = static_cast<int>(expr);                                   \
+#define H5DDP_CHECK_CUDA(expr)                                                                   \
+  do {                                                                                           \
+    const int h5ddp_rc_ = static_cast<int>(expr);                                                \
     if (h5ddp_rc_ != 0) ::h5ddp::detail::throw_cuda_error(h5ddp_rc_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define H5DDP_CHECK_NCCL(expr)                                                      \
-  do {                                                                              \
-    const int h5ddp_rc_ = static_cast<int>(expr);                                   \
+#define H5DDP_CHECK_NCCL(expr)                                                                   \
+  do {                                                                                           \
+    const int h5ddp_rc_ = static_cast<int>(expr);                                                \
     if (h5ddp_rc_ != 0) ::h5ddp::detail::throw_nccl_error(h5ddp_rc_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 // General invariant check with a message built only on failure: H5DDP_CHECK(n > 0, "n=" + std::to_string(n)).
-#define H5DDP_CHECK(cond, message)                                                  \
-  do {                                                                              \
+#define H5DDP_CHECK(cond, message)                                                          \
+  do {                                                                                      \
     if (!(cond)) ::h5ddp::detail::throw_check_failed(#cond, (message), __FILE__, __LINE__); \
   } while (0)

@@ -33,7 +33,6 @@ class MpiComm final : public Comm {
   // dup() uses rank 0's choice on every rank: blocking and non-blocking collectives do not match.
   static AsyncMode default_async_mode(int ranks_on_node, unsigned cores);
 
-
   // Collective over `parent`: duplicates it (twice: blocking and async traffic) and owns the duplicates.
   static std::unique_ptr<MpiComm> dup(MPI_Comm parent);
   ~MpiComm() override;
@@ -57,7 +56,9 @@ class MpiComm final : public Comm {
   void set_async_mode(AsyncMode mode);
   AsyncMode async_mode() const { return async_mode_; }
   std::string async_mode_name() const {
-    return async_mode_ == AsyncMode::kThread ? "thread" : async_mode_ == AsyncMode::kProgress ? "progress" : "nonblocking";
+    return async_mode_ == AsyncMode::kThread     ? "thread"
+           : async_mode_ == AsyncMode::kProgress ? "progress"
+                                                 : "nonblocking";
   }
   // Whether waiting for an asynchronous allreduce sleeps between tests (more ranks on this node than cores,
   // or H5DDP_MPI_WAIT=sleep) instead of spinning (H5DDP_MPI_WAIT=spin).
@@ -73,7 +74,7 @@ class MpiComm final : public Comm {
   bool sleep_while_waiting_ = false;
   std::chrono::microseconds poll_interval_{50};  // H5DDP_MPI_POLL_US, read once
   size_t reduce_chunk_bytes_ = size_t{4} << 20;  // bytes per MPI allreduce call: rank 0's, agreed in dup()
-  std::unique_ptr<Worker> worker_;  // started on the first kThread/kProgress operation
+  std::unique_ptr<Worker> worker_;               // started on the first kThread/kProgress operation
 };
 
 }  // namespace h5ddp

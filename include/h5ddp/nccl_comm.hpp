@@ -55,9 +55,9 @@ class NcclComm final : public Comm {
  private:
   struct Pending;
   NcclComm() = default;
-  void begin_op();                 // nccl stream waits on an event recorded on the caller stream
-  cudaEvent_t end_op();            // event recorded on the nccl stream after the op (owned by caller)
-  void join_caller(cudaEvent_t e); // caller stream waits on e
+  void begin_op();                  // nccl stream waits on an event recorded on the caller stream
+  cudaEvent_t end_op();             // event recorded on the nccl stream after the op (owned by caller)
+  void join_caller(cudaEvent_t e);  // caller stream waits on e
   void check_async_error();
 
   ncclComm_t comm_ = nullptr;

@@ -14,10 +14,10 @@
 namespace h5ddp {
 
 struct TensorRef {
-  std::string name;              // state-dict key, e.g. "conv1.weight" (never a "module." prefix)
+  std::string name;  // state-dict key, e.g. "conv1.weight" (never a "module." prefix)
   DType dtype = DType::kF32;
-  std::vector<int64_t> shape;    // empty = scalar
-  void* data = nullptr;          // host memory, C order, numel() * dtype_size(dtype) bytes; not owned
+  std::vector<int64_t> shape;  // empty = scalar
+  void* data = nullptr;        // host memory, C order, numel() * dtype_size(dtype) bytes; not owned
 
   size_t numel() const {
     size_t n = 1;
@@ -35,14 +35,14 @@ struct ParamGroup {
 };
 
 struct OptimizerState {
-  std::string type;                  // "adam", "adamw", "sgd"
+  std::string type;  // "adam", "adamw", "sgd"
   std::vector<ParamGroup> groups;
   // Per-parameter state; name is "<param name>/<state key>", e.g. "fc1.weight/exp_avg", "fc1.weight/step".
   std::vector<TensorRef> state;
 };
 
 struct SchedulerState {
-  std::string type;                  // "constant", "step", "cosine", ...
+  std::string type;                      // "constant", "step", "cosine", ...
   std::map<std::string, double> values;  // e.g. base_lr, last_epoch, gamma, step_size
 };
 
@@ -54,10 +54,10 @@ struct Counters {
 };
 
 struct DataState {
-  uint64_t seed = 0;             // sampler seed: shuffle of epoch e is a function of (seed, e)
+  uint64_t seed = 0;  // sampler seed: shuffle of epoch e is a function of (seed, e)
   int64_t epoch = 0;
-  int64_t position = 0;          // global samples consumed in this epoch: the next sample is perm[position]
-  int64_t global_batch = 0;      // samples per optimizer step over all ranks
+  int64_t position = 0;      // global samples consumed in this epoch: the next sample is perm[position]
+  int64_t global_batch = 0;  // samples per optimizer step over all ranks
 };
 
 // One rank's random generator states, as opaque bytes from the generator.
@@ -72,10 +72,10 @@ struct TrainState {
   SchedulerState scheduler;
   std::vector<TensorRef> model;
   OptimizerState optimizer;
-  std::vector<TensorRef> user;        // the caller's own named tensors and scalars, stored as /user/<name>
-  RngState rng;                       // this rank's generators (save: written to row `rank`)
-  std::vector<RngState> rng_by_rank;  // load: every row in the file (world size at save)
-  int saved_world_size = 0;           // load: world size at save
+  std::vector<TensorRef> user;              // the caller's own named tensors and scalars, stored as /user/<name>
+  RngState rng;                             // this rank's generators (save: written to row `rank`)
+  std::vector<RngState> rng_by_rank;        // load: every row in the file (world size at save)
+  int saved_world_size = 0;                 // load: world size at save
   std::map<std::string, std::string> meta;  // free-form strings stored as root attributes (model name, ...)
 };
 

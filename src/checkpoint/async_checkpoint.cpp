@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "checkpoint/checkpoint_internal.hpp"
-#include "h5ddp/error.hpp"
 #include "core/log.hpp"
+#include "h5ddp/error.hpp"
 #include "h5ddp/mpi_comm.hpp"
 
 #ifdef H5DDP_WITH_CUDA
@@ -26,11 +26,13 @@ namespace h5ddp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
-constexpr size_t kAlign = 64;                       // each tensor starts on a cache line
-constexpr size_t kParallelCopyBytes = 64u << 20;    // below this, one thread copies
-constexpr size_t kCopyChunk = 16u << 20;            // unit of work of the copy threads
+constexpr size_t kAlign = 64;                     // each tensor starts on a cache line
+constexpr size_t kParallelCopyBytes = 64u << 20;  // below this, one thread copies
+constexpr size_t kCopyChunk = 16u << 20;          // unit of work of the copy threads
 
 // The background save runs at a lower CPU priority than training (Linux nice is per thread, and the
 // checksum thread it starts inherits it), so where cores are short the training threads win them and the
@@ -46,7 +48,9 @@ void lower_this_thread_priority() {
     log::debug(std::string("asynchronous checkpoint: cannot lower the writer's priority: ") + std::strerror(errno));
 }
 
-size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+size_t align_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
 
 // Copies n bytes; in CUDA builds `src` may be device memory (unified addressing tells which).
 void copy_bytes(void* dst, const void* src, size_t n) {
@@ -122,8 +126,12 @@ AsyncCheckpointer::~AsyncCheckpointer() {
   if (!worker_error_.empty()) log::error("asynchronous checkpoint save failed: " + worker_error_);
 }
 
-int AsyncCheckpointer::buffer_allocations() const { return buffers_->allocations; }
-size_t AsyncCheckpointer::buffer_bytes() const { return buffers_->capacity; }
+int AsyncCheckpointer::buffer_allocations() const {
+  return buffers_->allocations;
+}
+size_t AsyncCheckpointer::buffer_bytes() const {
+  return buffers_->capacity;
+}
 
 void AsyncCheckpointer::finish() {
   if (worker_.joinable()) worker_.join();
@@ -168,7 +176,11 @@ void AsyncCheckpointer::start(const TrainState& state, const std::string& run_di
   for (TensorRef* t : refs) total += align_up(t->nbytes());
   buffers_->reserve(total);
 
-  struct Copy { void* dst; const void* src; size_t n; };
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t n;
+  };
   std::vector<Copy> copies;
   size_t offset = 0;
   auto* base = static_cast<char*>(buffers_->data);
@@ -184,7 +196,8 @@ void AsyncCheckpointer::start(const TrainState& state, const std::string& run_di
   }
   timing_.bytes_copied = offset;
 
-  unsigned threads = offset >= kParallelCopyBytes ? std::max(1u, std::min(4u, std::thread::hardware_concurrency())) : 1u;
+  unsigned threads =
+      offset >= kParallelCopyBytes ? std::max(1u, std::min(4u, std::thread::hardware_concurrency())) : 1u;
   if (threads <= 1) {
     for (const Copy& c : copies) copy_bytes(c.dst, c.src, c.n);
   } else {
@@ -214,7 +227,8 @@ void AsyncCheckpointer::start(const TrainState& state, const std::string& run_di
   done_.store(false);
   worker_ = std::thread([this] {
     lower_this_thread_priority();
-    worker_error_ = ckpt::capture_error([this] { worker_result_ = save_checkpoint(*bg_comm_, snapshot_, run_dir_, options_); });
+    worker_error_ =
+        ckpt::capture_error([this] { worker_result_ = save_checkpoint(*bg_comm_, snapshot_, run_dir_, options_); });
     if (worker_error_.empty()) {
       log::debug("asynchronous checkpoint committed: " + worker_result_.path);
     }

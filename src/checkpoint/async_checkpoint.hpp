@@ -72,7 +72,7 @@ class AsyncCheckpointer {
   Comm& comm_;
   std::unique_ptr<Comm> bg_comm_;  // used by the worker thread only
   std::unique_ptr<Buffers> buffers_;
-  TrainState snapshot_;            // what the worker writes: tensors point into buffers_
+  TrainState snapshot_;  // what the worker writes: tensors point into buffers_
   std::string run_dir_;
   SaveOptions options_;
   std::thread worker_;

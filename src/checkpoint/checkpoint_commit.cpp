@@ -10,9 +10,9 @@
 #include <set>
 
 #include "checkpoint/checkpoint_internal.hpp"
-#include "h5ddp/error.hpp"
 #include "checkpoint/format.hpp"
 #include "core/log.hpp"
+#include "h5ddp/error.hpp"
 
 namespace fs = std::filesystem;
 

@@ -1,7 +1,7 @@
 // CheckpointFile: serial, read-only access to one checkpoint for tools (info, diff, export).
 #include "checkpoint/checkpoint_internal.hpp"
-#include "h5ddp/error.hpp"
 #include "checkpoint/format.hpp"
+#include "h5ddp/error.hpp"
 
 namespace h5ddp {
 
@@ -22,7 +22,9 @@ CheckpointFile::CheckpointFile(const std::string& path) : impl_(std::make_unique
 
 CheckpointFile::~CheckpointFile() = default;
 
-const CheckpointManifest& CheckpointFile::manifest() const { return impl_->manifest; }
+const CheckpointManifest& CheckpointFile::manifest() const {
+  return impl_->manifest;
+}
 
 std::vector<TensorInfo> CheckpointFile::datasets() const {
   std::vector<TensorInfo> out;

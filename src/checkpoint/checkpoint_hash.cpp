@@ -14,8 +14,8 @@
 #include <new>
 
 #include "checkpoint/checkpoint_internal.hpp"
-#include "h5ddp/error.hpp"
 #include "core/log.hpp"
+#include "h5ddp/error.hpp"
 
 #if defined(H5DDP_XXH3_AVX2)
 extern "C" uint64_t h5ddp_xxh3_avx2_hash(const void* data, size_t n);
@@ -82,9 +82,13 @@ std::vector<std::string> hash_kernels() {
   return names;
 }
 
-std::string hash_kernel() { return chosen_kernel().name; }
+std::string hash_kernel() {
+  return chosen_kernel().name;
+}
 
-uint64_t hash_bytes(const void* data, size_t n) { return chosen_kernel().hash(data, n); }
+uint64_t hash_bytes(const void* data, size_t n) {
+  return chosen_kernel().hash(data, n);
+}
 
 uint64_t hash_bytes_with(const std::string& kernel, const void* data, size_t n) {
   return kernel_named(kernel).hash(data, n);
@@ -96,9 +100,15 @@ StreamHash::StreamHash(void (*update)(void*, const void*, size_t)) : state_(XXH3
   if (!state_) throw std::bad_alloc();
   XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
 }
-StreamHash::~StreamHash() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
-void StreamHash::update(const void* data, size_t n) { update_(state_, data, n); }
-uint64_t StreamHash::digest() const { return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_)); }
+StreamHash::~StreamHash() {
+  XXH3_freeState(static_cast<XXH3_state_t*>(state_));
+}
+void StreamHash::update(const void* data, size_t n) {
+  update_(state_, data, n);
+}
+uint64_t StreamHash::digest() const {
+  return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
+}
 
 uint64_t sample_hash(const void* data, size_t n) {
   constexpr size_t kBlock = 4096, kBlocks = 16;
@@ -165,6 +175,8 @@ void PhaseTimer::mark(const char* phase) {
   last_ = now;
 }
 
-double PhaseTimer::total_seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+double PhaseTimer::total_seconds() const {
+  return std::chrono::duration<double>(Clock::now() - start_).count();
+}
 
 }  // namespace h5ddp::ckpt

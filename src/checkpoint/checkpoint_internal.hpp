@@ -14,27 +14,27 @@
 #include <thread>
 #include <vector>
 
+#include "h5/h5.hpp"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/comm.hpp"
-#include "h5/h5.hpp"
 #include "h5ddp/train_state.hpp"
 
 namespace h5ddp::ckpt {
 
 // One dataset of a checkpoint as the writer or reader sees it.
 struct DatasetPlan {
-  std::string path;             // absolute HDF5 path (built with format.hpp helpers)
+  std::string path;  // absolute HDF5 path (built with format.hpp helpers)
   DType dtype = DType::kU8;
-  std::vector<int64_t> shape;   // empty = scalar
-  size_t string_size = 0;       // > 0: fixed-length string dataset of `shape[0]` elements of this size
-  const void* src = nullptr;    // save: this rank's full copy of the bytes (C order)
-  void* dst = nullptr;          // load: where the bytes go
+  std::vector<int64_t> shape;  // empty = scalar
+  size_t string_size = 0;      // > 0: fixed-length string dataset of `shape[0]` elements of this size
+  const void* src = nullptr;   // save: this rank's full copy of the bytes (C order)
+  void* dst = nullptr;         // load: where the bytes go
   uint64_t checksum = 0;
-  bool tensor = false;          // save: src is a caller's tensor (hashed while writing, not in the plan)
+  bool tensor = false;  // save: src is a caller's tensor (hashed while writing, not in the plan)
 
   size_t nbytes() const;
-  size_t rows() const;          // shape[0], 1 for a scalar
-  size_t row_bytes() const;     // nbytes() / rows(), 0 when empty
+  size_t rows() const;       // shape[0], 1 for a scalar
+  size_t row_bytes() const;  // nbytes() / rows(), 0 when empty
   h5::Handle file_type() const;
 };
 

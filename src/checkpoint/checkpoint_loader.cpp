@@ -11,9 +11,9 @@
 
 #include "checkpoint/checkpoint_internal.hpp"
 #include "checkpoint/direct_read.hpp"
-#include "h5ddp/error.hpp"
 #include "checkpoint/format.hpp"
 #include "core/log.hpp"
+#include "h5ddp/error.hpp"
 
 namespace h5ddp {
 namespace {
@@ -84,7 +84,8 @@ void exchange_shares(Comm& comm, const std::vector<DatasetPlan>& plan, const std
     auto flush = [&] {
       if (lens.empty()) return;
       MPI_Datatype t;
-      H5DDP_CHECK_MPI(MPI_Type_create_hindexed(static_cast<int>(lens.size()), lens.data(), displs.data(), MPI_BYTE, &t));
+      H5DDP_CHECK_MPI(
+          MPI_Type_create_hindexed(static_cast<int>(lens.size()), lens.data(), displs.data(), MPI_BYTE, &t));
       H5DDP_CHECK_MPI(MPI_Type_commit(&t));
       const int rc = MPI_Bcast(MPI_BOTTOM, 1, t, owner, mc);
       MPI_Type_free(&t);
@@ -150,7 +151,8 @@ bool use_direct_io(Comm& comm, LoadOptions::DirectIo mode) {
   int on_host = 1;
   if (comm.size() > 1) {
     MPI_Comm host;
-    H5DDP_CHECK_MPI(MPI_Comm_split_type(ckpt::mpi_comm_of(comm), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &host));
+    H5DDP_CHECK_MPI(
+        MPI_Comm_split_type(ckpt::mpi_comm_of(comm), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &host));
     MPI_Comm_size(host, &on_host);
     MPI_Comm_free(&host);
   }
@@ -216,7 +218,9 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
   for (const auto& s : segments) ++pieces[s.index];
   auto at_row = [&](const DatasetPlan& d, uint64_t row) { return static_cast<char*>(d.dst) + row * d.row_bytes(); };
   const auto t0 = std::chrono::steady_clock::now();
-  auto since = [&] { return std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()); };
+  auto since = [&] {
+    return std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  };
   // Split datasets: one collective read each, all ranks in plan order (keep calling after an error).
   for (size_t i = 0; i < plan.size(); ++i) {
     if (pieces[i] < 2) continue;
@@ -321,8 +325,8 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
   if (!diff.empty()) {
     size_t n = 0;
     for (char c : diff) n += c == '\n';
-    diff = path + " does not match the state to load into on rank " + std::to_string(rank) + " (" +
-           std::to_string(n) + " difference" + (n == 1 ? "" : "s") + "):" + diff;
+    diff = path + " does not match the state to load into on rank " + std::to_string(rank) + " (" + std::to_string(n) +
+           " difference" + (n == 1 ? "" : "s") + "):" + diff;
   }
   ckpt::throw_if_any(comm, diff, /*mismatch=*/true);
   timer.mark("open+manifest");
@@ -346,35 +350,34 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
   std::string problems;
   const std::vector<uint64_t> hashed = hasher.finish();
   for (size_t i = 0; i < plan.size(); ++i)
-    if (verify_here[i] && hashed[i] != plan[i].checksum)
-      problems += "\n  checksum mismatch in dataset " + plan[i].path;
+    if (verify_here[i] && hashed[i] != plan[i].checksum) problems += "\n  checksum mismatch in dataset " + plan[i].path;
   if (!problems.empty()) problems = path + ": corrupt data (the file's bytes do not match their xxh3):" + problems;
   ckpt::throw_if_any(comm, problems);
   timer.mark("verify");
 
   TrainState loaded;
   ckpt::throw_if_any(comm, ckpt::capture_error([&] {
-    loaded.counters.step = read_scalar<int64_t>(f, format::kTrainStep, path);
-    loaded.counters.epoch = read_scalar<int64_t>(f, format::kTrainEpoch, path);
-    loaded.counters.samples_consumed = read_scalar<int64_t>(f, format::kTrainSamplesConsumed, path);
-    loaded.data.seed = read_scalar<uint64_t>(f, format::kDataSeed, path);
-    loaded.data.epoch = read_scalar<int64_t>(f, format::kDataEpoch, path);
-    loaded.data.position = read_scalar<int64_t>(f, format::kDataPosition, path);
-    loaded.data.global_batch = read_scalar<int64_t>(f, format::kDataGlobalBatch, path);
-    loaded.rng_by_rank = read_rng(f, m, path);
-    with_context("reading " + std::string(format::kSchedulerGroup) + " from " + path, [&] {
-      h5::SilenceErrors quiet;
-      h5::Handle g = h5::group(H5Gopen2(f, format::kSchedulerGroup, H5P_DEFAULT));
-      for (const auto& a : h5::attr_names(g)) {
-        if (a == format::kAttrSchedulerType)
-          loaded.scheduler.type = h5::read_attr_string(g, a);
-        else
-          loaded.scheduler.values[a] = h5::read_attr_double(g, a);
-      }
-      h5::Handle meta = h5::group(H5Gopen2(f, format::kMetaGroup, H5P_DEFAULT));
-      for (const auto& a : h5::attr_names(meta)) loaded.meta[a] = h5::read_attr_string(meta, a);
-    });
-  }));
+                       loaded.counters.step = read_scalar<int64_t>(f, format::kTrainStep, path);
+                       loaded.counters.epoch = read_scalar<int64_t>(f, format::kTrainEpoch, path);
+                       loaded.counters.samples_consumed = read_scalar<int64_t>(f, format::kTrainSamplesConsumed, path);
+                       loaded.data.seed = read_scalar<uint64_t>(f, format::kDataSeed, path);
+                       loaded.data.epoch = read_scalar<int64_t>(f, format::kDataEpoch, path);
+                       loaded.data.position = read_scalar<int64_t>(f, format::kDataPosition, path);
+                       loaded.data.global_batch = read_scalar<int64_t>(f, format::kDataGlobalBatch, path);
+                       loaded.rng_by_rank = read_rng(f, m, path);
+                       with_context("reading " + std::string(format::kSchedulerGroup) + " from " + path, [&] {
+                         h5::SilenceErrors quiet;
+                         h5::Handle g = h5::group(H5Gopen2(f, format::kSchedulerGroup, H5P_DEFAULT));
+                         for (const auto& a : h5::attr_names(g)) {
+                           if (a == format::kAttrSchedulerType)
+                             loaded.scheduler.type = h5::read_attr_string(g, a);
+                           else
+                             loaded.scheduler.values[a] = h5::read_attr_double(g, a);
+                         }
+                         h5::Handle meta = h5::group(H5Gopen2(f, format::kMetaGroup, H5P_DEFAULT));
+                         for (const auto& a : h5::attr_names(meta)) loaded.meta[a] = h5::read_attr_string(meta, a);
+                       });
+                     }));
   f.close();
 
   state.counters = loaded.counters;

@@ -8,9 +8,9 @@
 #include <set>
 
 #include "checkpoint/checkpoint_internal.hpp"
-#include "h5ddp/error.hpp"
 #include "checkpoint/format.hpp"
 #include "core/log.hpp"
+#include "h5ddp/error.hpp"
 #include "h5ddp/mpi_comm.hpp"
 
 namespace h5ddp::ckpt {
@@ -20,8 +20,12 @@ size_t DatasetPlan::nbytes() const {
   for (int64_t d : shape) n *= static_cast<size_t>(d);
   return n;
 }
-size_t DatasetPlan::rows() const { return shape.empty() ? 1 : static_cast<size_t>(shape[0]); }
-size_t DatasetPlan::row_bytes() const { return rows() == 0 ? 0 : nbytes() / rows(); }
+size_t DatasetPlan::rows() const {
+  return shape.empty() ? 1 : static_cast<size_t>(shape[0]);
+}
+size_t DatasetPlan::row_bytes() const {
+  return rows() == 0 ? 0 : nbytes() / rows();
+}
 h5::Handle DatasetPlan::file_type() const {
   return string_size > 0 ? h5::fixed_string_type(string_size) : h5::file_type(dtype);
 }
@@ -151,11 +155,12 @@ void add_rng_datasets(Comm& comm, SavePlan& plan, const TrainState& state) {
     bool same = true;
     for (int r = 0; r < world; ++r) {
       same = same && all_sizes[2 * r + which] == all_sizes[which];
-      seen_sizes += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + "=" + std::to_string(all_sizes[2 * r + which]);
+      seen_sizes +=
+          (r ? ", " : "") + std::string("rank ") + std::to_string(r) + "=" + std::to_string(all_sizes[2 * r + which]);
     }
     if (!same)
-      throw_agreed(DisagreementError(std::string("ranks disagree on the size of their ") +
-                                     (which ? "CUDA" : "CPU") + " generator state: " + seen_sizes));
+      throw_agreed(DisagreementError(std::string("ranks disagree on the size of their ") + (which ? "CUDA" : "CPU") +
+                                     " generator state: " + seen_sizes));
   }
   for (int which = 0; which < 2; ++which) {
     const auto& mine = which ? state.rng.cuda : state.rng.cpu;

@@ -7,9 +7,9 @@
 #include <map>
 
 #include "checkpoint/checkpoint_internal.hpp"
-#include "h5ddp/error.hpp"
 #include "checkpoint/format.hpp"
 #include "core/log.hpp"
+#include "h5ddp/error.hpp"
 
 namespace h5ddp {
 
@@ -123,8 +123,10 @@ h5::Handle open_checkpoint(Comm* comm, const std::string& path) {
     f = h5::Handle(id, H5Fclose);
     check_format(f, path);  // collective metadata reads: every rank sees the same answer
   });
-  if (comm) throw_if_any(*comm, error);
-  else if (!error.empty()) throw CheckpointError(error);
+  if (comm)
+    throw_if_any(*comm, error);
+  else if (!error.empty())
+    throw CheckpointError(error);
   return f;
 }
 
@@ -195,8 +197,8 @@ std::vector<DatasetPlan> manifest_datasets(hid_t f, const CheckpointManifest& m)
     d.checksum = h5::read_attr_uint(ds, format::kAttrChecksum);
     out.push_back(std::move(d));
   }
-  std::vector<const char*> fixed = {format::kTrainStep, format::kTrainEpoch, format::kTrainSamplesConsumed,
-                                    format::kDataSeed, format::kDataEpoch, format::kDataPosition,
+  std::vector<const char*> fixed = {format::kTrainStep,       format::kTrainEpoch, format::kTrainSamplesConsumed,
+                                    format::kDataSeed,        format::kDataEpoch,  format::kDataPosition,
                                     format::kDataGlobalBatch, format::kRngCpu};
   if (m.rng_cuda_bytes) fixed.push_back(format::kRngCuda);
   for (const char* path : fixed) {
@@ -220,8 +222,7 @@ size_t transfer_count(const DatasetPlan& d, uint64_t begin, uint64_t end) {
   return static_cast<size_t>((end - begin + per - 1) / per);
 }
 
-void read_rows(hid_t ds, const DatasetPlan& d, uint64_t begin, uint64_t end, void* buf, hid_t dxpl,
-               size_t min_calls) {
+void read_rows(hid_t ds, const DatasetPlan& d, uint64_t begin, uint64_t end, void* buf, hid_t dxpl, size_t min_calls) {
   h5::Handle type = d.file_type();
   h5::Handle fspace = h5::dataspace(H5Dget_space(ds));
   const uint64_t per = std::max<uint64_t>(1, d.row_bytes() ? max_transfer_bytes() / d.row_bytes() : 1);

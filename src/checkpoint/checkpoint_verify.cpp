@@ -8,8 +8,8 @@
 #include <string>
 
 #include "checkpoint/checkpoint_internal.hpp"
-#include "h5ddp/error.hpp"
 #include "checkpoint/format.hpp"
+#include "h5ddp/error.hpp"
 
 namespace h5ddp {
 namespace ckpt {
@@ -31,10 +31,18 @@ herr_t visit_cb(hid_t, const char* name, const H5O_info_t* info, void* data) {
 }
 
 bool allowed_group(const std::string& p) {
-  static const std::set<std::string> fixed = {"/.", "/", format::kModelGroup, format::kOptimizerGroup,
-                                              format::kParamGroupsGroup, format::kOptimizerStateGroup,
-                                              format::kTrainGroup, format::kSchedulerGroup, format::kDataGroup,
-                                              format::kRngGroup, format::kMetaGroup, format::kUserGroup};
+  static const std::set<std::string> fixed = {"/.",
+                                              "/",
+                                              format::kModelGroup,
+                                              format::kOptimizerGroup,
+                                              format::kParamGroupsGroup,
+                                              format::kOptimizerStateGroup,
+                                              format::kTrainGroup,
+                                              format::kSchedulerGroup,
+                                              format::kDataGroup,
+                                              format::kRngGroup,
+                                              format::kMetaGroup,
+                                              format::kUserGroup};
   if (fixed.count(p)) return true;
   auto under = [&](const std::string& g) {
     const std::string prefix = g + "/";
@@ -73,7 +81,8 @@ std::string verify_dataset(hid_t f, const DatasetPlan& d, const std::string& fil
   });
 }
 
-std::vector<std::string> unexpected_objects(hid_t f, const std::vector<DatasetPlan>& expected, const std::string& file) {
+std::vector<std::string> unexpected_objects(hid_t f, const std::vector<DatasetPlan>& expected,
+                                            const std::string& file) {
   std::set<std::string> datasets;
   for (const auto& d : expected) datasets.insert(d.path);
   VisitState st;

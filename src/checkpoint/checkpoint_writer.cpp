@@ -8,9 +8,9 @@
 #include <filesystem>
 
 #include "checkpoint/checkpoint_internal.hpp"
-#include "h5ddp/error.hpp"
 #include "checkpoint/format.hpp"
 #include "core/log.hpp"
+#include "h5ddp/error.hpp"
 
 namespace h5ddp {
 namespace ckpt {
@@ -46,8 +46,10 @@ void agree_on_plan(Comm& comm, const ckpt::SavePlan& plan) {
     for (int r = 0; r < world; ++r)
       seen += "\n    rank " + std::to_string(r) + ": " + std::to_string(all[2 * r + 1]) + " datasets, structure hash " +
               std::to_string(all[2 * r]);
-    throw_agreed(DisagreementError("ranks disagree on the checkpoint's datasets (names, dtypes, shapes) or "
-                                   "attributes; no file written:" + seen));
+    throw_agreed(
+        DisagreementError("ranks disagree on the checkpoint's datasets (names, dtypes, shapes) or "
+                          "attributes; no file written:" +
+                          seen));
   }
   std::vector<uint64_t> lo, hi;
   for (const auto& d : plan.datasets) lo.push_back(d.tensor ? ckpt::sample_hash(d.src, d.nbytes()) : d.checksum);
@@ -58,8 +60,8 @@ void agree_on_plan(Comm& comm, const ckpt::SavePlan& plan) {
   for (size_t i = 0; i < lo.size(); ++i)
     if (lo[i] != hi[i]) differ += "\n    " + plan.datasets[i].path;
   if (!differ.empty())
-    throw_agreed(DisagreementError("replicated state differs between ranks (checksums disagree); no file written:" +
-                                   differ));
+    throw_agreed(
+        DisagreementError("replicated state differs between ranks (checksums disagree); no file written:" + differ));
 }
 
 // Which rank's hash of each dataset becomes its checksum: the rank that wrote it whole, or kEveryRank (a
@@ -95,8 +97,10 @@ void collect_checksums(Comm& comm, ckpt::SavePlan& plan, const std::vector<int>&
     plan.datasets[i].checksum = lo[i];
   }
   if (!differ.empty())
-    throw_agreed(DisagreementError("replicated state differs between ranks (full checksums disagree); the partial file "
-                                   "is removed and nothing is committed:" + differ));
+    throw_agreed(
+        DisagreementError("replicated state differs between ranks (full checksums disagree); the partial file "
+                          "is removed and nothing is committed:" +
+                          differ));
 }
 
 void write_root_attributes(hid_t f, const TrainState& state, int world) {
@@ -185,7 +189,8 @@ SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::strin
   timer.mark("plan+agree");
 
   std::string name = options.name.empty() ? format::checkpoint_file_name(state.counters.step) : options.name;
-  if (name.size() < 3 || name.compare(name.size() - 3, 3, format::kCheckpointSuffix) != 0) name += format::kCheckpointSuffix;
+  if (name.size() < 3 || name.compare(name.size() - 3, 3, format::kCheckpointSuffix) != 0)
+    name += format::kCheckpointSuffix;
   const std::string final_path = (std::filesystem::path(run_dir) / name).string();
   const std::string partial_path = final_path + format::kPartialSuffix;
   ckpt::throw_if_any(comm, rank == 0 && !std::filesystem::is_directory(run_dir)
@@ -201,15 +206,14 @@ SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::strin
   // H5DDP_TEST_HOOKS=1 as well, so a stray variable cannot take the check away from a real run.
   std::string space_error;
   const char* hooks = std::getenv("H5DDP_TEST_HOOKS");
-  const bool skip_space_check =
-      hooks && std::string(hooks) == "1" && std::getenv("H5DDP_SKIP_SPACE_CHECK") != nullptr;
+  const bool skip_space_check = hooks && std::string(hooks) == "1" && std::getenv("H5DDP_SKIP_SPACE_CHECK") != nullptr;
   if (rank == 0 && !skip_space_check) {
     std::error_code ec;
     const auto sp = std::filesystem::space(run_dir, ec);
     const uint64_t needed = result.bytes + result.bytes / 16 + (1u << 20);
     if (!ec && sp.available < needed)
-      space_error = "not enough space for " + partial_path + ": needs about " + std::to_string(needed) +
-                    " bytes, " + std::to_string(sp.available) + " available (disk full?)";
+      space_error = "not enough space for " + partial_path + ": needs about " + std::to_string(needed) + " bytes, " +
+                    std::to_string(sp.available) + " available (disk full?)";
   }
   ckpt::throw_if_any(comm, space_error);
 
@@ -226,15 +230,15 @@ SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::strin
   };
   try {
     ckpt::throw_if_any(comm, ckpt::capture_error([&] {
-      with_context("creating " + partial_path, [&] {
-        h5::Handle fapl = h5::mpio_file_access(ckpt::mpi_comm_of(comm));
-        h5::SilenceErrors quiet;
-        file = h5::file(H5Fcreate(partial_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
-        write_root_attributes(file, state, world);
-        write_groups(file, state);
-        for (const auto& d : plan.datasets) dsets.push_back(create_dataset(file, d));
-      });
-    }));
+                         with_context("creating " + partial_path, [&] {
+                           h5::Handle fapl = h5::mpio_file_access(ckpt::mpi_comm_of(comm));
+                           h5::SilenceErrors quiet;
+                           file = h5::file(H5Fcreate(partial_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
+                           write_root_attributes(file, state, world);
+                           write_groups(file, state);
+                           for (const auto& d : plan.datasets) dsets.push_back(create_dataset(file, d));
+                         });
+                       }));
     timer.mark("create");
     ckpt::maybe_inject_fault("before_data", rank);
 
@@ -286,23 +290,22 @@ SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::strin
 
     collect_checksums(comm, plan, owner, hasher.finish());
     ckpt::throw_if_any(comm, ckpt::capture_error([&] {
-      with_context("writing the checksums of " + partial_path, [&] {
-        h5::SilenceErrors quiet;
-        for (size_t i = 0; i < plan.datasets.size(); ++i)
-          h5::write_attr(dsets[i], format::kAttrChecksum, plan.datasets[i].checksum);
-      });
-    }));
+                         with_context("writing the checksums of " + partial_path, [&] {
+                           h5::SilenceErrors quiet;
+                           for (size_t i = 0; i < plan.datasets.size(); ++i)
+                             h5::write_attr(dsets[i], format::kAttrChecksum, plan.datasets[i].checksum);
+                         });
+                       }));
     timer.mark("checksums");
 
     ckpt::throw_if_any(comm, ckpt::capture_error([&] {
-      with_context("closing " + partial_path, [&] {
-        dsets.clear();
-        file.close();
-      });
-    }));
+                         with_context("closing " + partial_path, [&] {
+                           dsets.clear();
+                           file.close();
+                         });
+                       }));
     timer.mark("close");
-    if (options.fsync)
-      ckpt::throw_if_any(comm, ckpt::capture_error([&] { ckpt::fsync_path(partial_path, false); }));
+    if (options.fsync) ckpt::throw_if_any(comm, ckpt::capture_error([&] { ckpt::fsync_path(partial_path, false); }));
     timer.mark("fsync");
   } catch (...) {
     remove_partial();

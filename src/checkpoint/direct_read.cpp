@@ -19,7 +19,9 @@ namespace {
 
 constexpr uint64_t kBlock = 4096;  // O_DIRECT alignment of memory, offset and length (a multiple of 512)
 
-bool aligned(uint64_t v) { return v % kBlock == 0; }
+bool aligned(uint64_t v) {
+  return v % kBlock == 0;
+}
 
 struct Fd {
   int fd = -1;

@@ -16,7 +16,7 @@ struct FileExtent {
   uint64_t offset = 0;  // in the file
   uint64_t n = 0;
   char* dst = nullptr;
-  std::string what;     // names the range in errors (the dataset's path)
+  std::string what;  // names the range in errors (the dataset's path)
 };
 
 // Pieces larger than this are split; each piece is one pread (the kernel splits it further for the device).

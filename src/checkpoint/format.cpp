@@ -43,7 +43,9 @@ std::string optimizer_state_entry(const std::string& dataset_path) {
   return dataset_path.substr(prefix.size());
 }
 
-std::string param_group_path(size_t index) { return std::string(kParamGroupsGroup) + "/" + std::to_string(index); }
+std::string param_group_path(size_t index) {
+  return std::string(kParamGroupsGroup) + "/" + std::to_string(index);
+}
 
 std::string checkpoint_file_name(int64_t step) {
   char buf[64];

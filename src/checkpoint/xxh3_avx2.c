@@ -12,7 +12,9 @@
 #error "xxh3_avx2.c must be compiled with -mavx2"
 #endif
 
-uint64_t h5ddp_xxh3_avx2_hash(const void* data, size_t n) { return XXH3_64bits(data, n); }
+uint64_t h5ddp_xxh3_avx2_hash(const void* data, size_t n) {
+  return XXH3_64bits(data, n);
+}
 
 void h5ddp_xxh3_avx2_update(void* state, const void* data, size_t n) {
   XXH3_64bits_update((XXH3_state_t*)state, data, n);

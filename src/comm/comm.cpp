@@ -25,8 +25,8 @@ void Comm::raise_if_any(const std::string& local_error) {
   allreduce(&first, 1, DType::kI32, ReduceOp::kMin);
   if (first == std::numeric_limits<int32_t>::max()) return;
   // The reporting rank's message already names its host and rank when it came from an h5ddp::Error.
-  DisagreementError e(Error::Untagged{}, "rank " + std::to_string(first) + " reported: " +
-                                             broadcast_string(local_error, first));
+  DisagreementError e(Error::Untagged{},
+                      "rank " + std::to_string(first) + " reported: " + broadcast_string(local_error, first));
   e.mark_agreed();
   throw e;
 }
@@ -36,7 +36,8 @@ void Comm::require_same(int64_t value, const std::string& what) {
   std::vector<int64_t> all(size());
   allgather(&value, all.data(), 1, DType::kI64);
   std::string seen;
-  for (int r = 0; r < size(); ++r) seen += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + "=" + std::to_string(all[r]);
+  for (int r = 0; r < size(); ++r)
+    seen += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + "=" + std::to_string(all[r]);
   throw_agreed(DisagreementError("ranks disagree on " + what + ": " + seen));
 }
 

@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "h5ddp/error.hpp"
 #include "core/log.hpp"
+#include "h5ddp/error.hpp"
 
 namespace h5ddp {
 namespace {
@@ -305,25 +305,39 @@ void MpiComm::set_async_mode(AsyncMode mode) {
 
 MPI_Datatype mpi_datatype(DType t) {
   switch (t) {
-    case DType::kF32: return MPI_FLOAT;
-    case DType::kF64: return MPI_DOUBLE;
-    case DType::kI64: return MPI_INT64_T;
-    case DType::kI32: return MPI_INT32_T;
-    case DType::kI16: return MPI_INT16_T;
-    case DType::kI8: return MPI_INT8_T;
-    case DType::kU8: return MPI_UINT8_T;
-    case DType::kU64: return MPI_UINT64_T;
-    case DType::kBool: return MPI_UINT8_T;
-    case DType::kF16: case DType::kBF16: return MPI_UINT16_T;  // bytes only: not reducible over MPI
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kF64:
+      return MPI_DOUBLE;
+    case DType::kI64:
+      return MPI_INT64_T;
+    case DType::kI32:
+      return MPI_INT32_T;
+    case DType::kI16:
+      return MPI_INT16_T;
+    case DType::kI8:
+      return MPI_INT8_T;
+    case DType::kU8:
+      return MPI_UINT8_T;
+    case DType::kU64:
+      return MPI_UINT64_T;
+    case DType::kBool:
+      return MPI_UINT8_T;
+    case DType::kF16:
+    case DType::kBF16:
+      return MPI_UINT16_T;  // bytes only: not reducible over MPI
   }
   throw ConfigError("no MPI datatype for dtype");
 }
 
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return MPI_SUM;
-    case ReduceOp::kMin: return MPI_MIN;
-    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kSum:
+      return MPI_SUM;
+    case ReduceOp::kMin:
+      return MPI_MIN;
+    case ReduceOp::kMax:
+      return MPI_MAX;
   }
   throw ConfigError("unknown reduce op");
 }
@@ -353,8 +367,7 @@ std::unique_ptr<MpiComm> MpiComm::dup(MPI_Comm parent) {
     bad_mode = e.what();
   }
   H5DDP_CHECK_MPI(MPI_Bcast(agreed, 2, MPI_UINT64_T, 0, c->comm_));
-  if (agreed[0] == kBadMode)
-    throw ConfigError(bad_mode.empty() ? "rank 0's H5DDP_MPI_ASYNC is invalid" : bad_mode);
+  if (agreed[0] == kBadMode) throw ConfigError(bad_mode.empty() ? "rank 0's H5DDP_MPI_ASYNC is invalid" : bad_mode);
   c->set_async_mode(static_cast<AsyncMode>(agreed[0]));
   c->reduce_chunk_bytes_ = static_cast<size_t>(agreed[1]);
   // More ranks on this node than cores: waiting for an asynchronous allreduce sleeps between tests instead
@@ -362,9 +375,12 @@ std::unique_ptr<MpiComm> MpiComm::dup(MPI_Comm parent) {
   c->sleep_while_waiting_ = static_cast<unsigned>(local) > cores;
   c->poll_interval_ = std::max(std::chrono::microseconds(1), poll_interval());
   if (const char* e = std::getenv("H5DDP_MPI_WAIT")) {
-    if (std::strcmp(e, "sleep") == 0) c->sleep_while_waiting_ = true;
-    else if (std::strcmp(e, "spin") == 0) c->sleep_while_waiting_ = false;
-    else throw ConfigError(std::string("H5DDP_MPI_WAIT must be 'spin' or 'sleep', not '") + e + "'");
+    if (std::strcmp(e, "sleep") == 0)
+      c->sleep_while_waiting_ = true;
+    else if (std::strcmp(e, "spin") == 0)
+      c->sleep_while_waiting_ = false;
+    else
+      throw ConfigError(std::string("H5DDP_MPI_WAIT must be 'spin' or 'sleep', not '") + e + "'");
   }
   return c;
 }
@@ -372,7 +388,7 @@ std::unique_ptr<MpiComm> MpiComm::dup(MPI_Comm parent) {
 MpiComm::~MpiComm() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  worker_.reset();  // finishes queued operations (they are collectives other ranks take part in)
+  worker_.reset();        // finishes queued operations (they are collectives other ranks take part in)
   if (finalized) return;  // too late to free; MPI already released everything
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   if (async_comm_ != MPI_COMM_NULL) MPI_Comm_free(&async_comm_);
@@ -401,7 +417,8 @@ std::unique_ptr<Work> MpiComm::allreduce_async(void* buf, size_t count, DType dt
     state->dtype = dtype;
     state->op = op;
     // kProgress: started here, on the caller's thread, so the start order is the call order.
-    if (async_mode_ == AsyncMode::kProgress) state->reqs = iallreduce_chunked(async_comm_, buf, count, dtype, op, reduce_chunk_bytes_);
+    if (async_mode_ == AsyncMode::kProgress)
+      state->reqs = iallreduce_chunked(async_comm_, buf, count, dtype, op, reduce_chunk_bytes_);
     worker_->submit(state);
     return std::make_unique<ThreadWork>(std::move(state));
   }
@@ -415,6 +432,8 @@ void MpiComm::allgather(const void* send, void* recv, size_t count, DType dtype)
                                 mpi_datatype(dtype), comm_));
 }
 
-void MpiComm::barrier() { H5DDP_CHECK_MPI(MPI_Barrier(comm_)); }
+void MpiComm::barrier() {
+  H5DDP_CHECK_MPI(MPI_Barrier(comm_));
+}
 
 }  // namespace h5ddp

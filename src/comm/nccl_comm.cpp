@@ -2,33 +2,47 @@
 
 #include <string>
 
-#include "h5ddp/error.hpp"
 #include "core/log.hpp"
+#include "h5ddp/error.hpp"
 
 namespace h5ddp {
 namespace {
 
 ncclDataType_t nccl_dtype(DType t) {
   switch (t) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kF64: return ncclFloat64;
-    case DType::kF16: return ncclFloat16;
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kI64: return ncclInt64;
-    case DType::kI32: return ncclInt32;
-    case DType::kI8: return ncclInt8;
-    case DType::kU8: case DType::kBool: return ncclUint8;
-    case DType::kU64: return ncclUint64;
-    case DType::kI16: break;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kF64:
+      return ncclFloat64;
+    case DType::kF16:
+      return ncclFloat16;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kI64:
+      return ncclInt64;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kI8:
+      return ncclInt8;
+    case DType::kU8:
+    case DType::kBool:
+      return ncclUint8;
+    case DType::kU64:
+      return ncclUint64;
+    case DType::kI16:
+      break;
   }
   throw ConfigError(std::string("NCCL has no datatype for ") + dtype_name(t));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
   }
   throw ConfigError("unknown reduce op");
 }

@@ -28,12 +28,13 @@ const char* basename_of(const char* path) {
 
 }  // namespace
 
-Error::Error(const std::string& message)
-    : std::runtime_error(message), message_(process_tag() + " " + message) {}
+Error::Error(const std::string& message) : std::runtime_error(message), message_(process_tag() + " " + message) {}
 
 Error::Error(Untagged, const std::string& message) : std::runtime_error(message), message_(message) {}
 
-void Error::add_context(const std::string& context) { message_ += "\n  while " + context; }
+void Error::add_context(const std::string& context) {
+  message_ += "\n  while " + context;
+}
 
 std::string process_tag() {
   std::lock_guard<std::mutex> lock(g_identity_mutex);

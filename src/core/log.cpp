@@ -15,25 +15,37 @@ std::atomic<int> g_rank{-1};
 std::mutex g_mutex;
 const char* level_name(Level l) {
   switch (l) {
-    case Level::kDebug: return "DEBUG";
-    case Level::kInfo: return "INFO";
-    case Level::kWarn: return "WARN";
-    case Level::kError: return "ERROR";
+    case Level::kDebug:
+      return "DEBUG";
+    case Level::kInfo:
+      return "INFO";
+    case Level::kWarn:
+      return "WARN";
+    case Level::kError:
+      return "ERROR";
   }
   return "?";
 }
 }  // namespace
 
-void set_level(Level level) { g_level = static_cast<int>(level); }
-Level level() { return static_cast<Level>(g_level.load()); }
+void set_level(Level level) {
+  g_level = static_cast<int>(level);
+}
+Level level() {
+  return static_cast<Level>(g_level.load());
+}
 
 void init_from_env() {
   const char* v = std::getenv("H5DDP_LOG_LEVEL");
   if (!v) return;
-  if (!std::strcmp(v, "debug")) set_level(Level::kDebug);
-  else if (!std::strcmp(v, "info")) set_level(Level::kInfo);
-  else if (!std::strcmp(v, "warn")) set_level(Level::kWarn);
-  else if (!std::strcmp(v, "error")) set_level(Level::kError);
+  if (!std::strcmp(v, "debug"))
+    set_level(Level::kDebug);
+  else if (!std::strcmp(v, "info"))
+    set_level(Level::kInfo);
+  else if (!std::strcmp(v, "warn"))
+    set_level(Level::kWarn);
+  else if (!std::strcmp(v, "error"))
+    set_level(Level::kError);
 }
 
 void write(Level l, const std::string& message) {
@@ -52,7 +64,9 @@ void root_info(const std::string& m) {
 }
 
 namespace detail {
-void set_rank(int rank) { g_rank = rank; }
+void set_rank(int rank) {
+  g_rank = rank;
+}
 }  // namespace detail
 
 }  // namespace h5ddp::log

@@ -13,10 +13,18 @@ Level level();
 void init_from_env();
 
 void write(Level level, const std::string& message);
-inline void debug(const std::string& m) { write(Level::kDebug, m); }
-inline void info(const std::string& m) { write(Level::kInfo, m); }
-inline void warn(const std::string& m) { write(Level::kWarn, m); }
-inline void error(const std::string& m) { write(Level::kError, m); }
+inline void debug(const std::string& m) {
+  write(Level::kDebug, m);
+}
+inline void info(const std::string& m) {
+  write(Level::kInfo, m);
+}
+inline void warn(const std::string& m) {
+  write(Level::kWarn, m);
+}
+inline void error(const std::string& m) {
+  write(Level::kError, m);
+}
 // Prints only on world rank 0 (after MpiEnv started; on every process before).
 void root_info(const std::string& m);
 

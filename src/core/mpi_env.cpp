@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "h5ddp/error.hpp"
 #include "core/log.hpp"
+#include "h5ddp/error.hpp"
 
 #ifdef H5DDP_WITH_CUDA
 #include <cuda_runtime_api.h>

@@ -39,7 +39,9 @@ Watchdog::~Watchdog() {
   if (thread_.joinable()) thread_.join();
 }
 
-Watchdog::Guard Watchdog::guard(std::string what) { return guard(std::move(what), seconds_); }
+Watchdog::Guard Watchdog::guard(std::string what) {
+  return guard(std::move(what), seconds_);
+}
 
 Watchdog::Guard Watchdog::guard(std::string what, double seconds) {
   if (!enabled() || seconds <= 0) return Guard();
@@ -84,7 +86,8 @@ void Watchdog::loop() {
         message = "h5ddp: watchdog: " + process_tag() + " '" + e.what + "' has not completed after " +
                   format_seconds(waited) + " s (limit " + format_seconds(e.seconds) +
                   " s, --watchdog-seconds): a peer rank is probably dead or stuck; aborting the job "
-                  "(MPI_Abort, exit code " + std::to_string(kExitStalled) + ")";
+                  "(MPI_Abort, exit code " +
+                  std::to_string(kExitStalled) + ")";
         // Guards nest (a step around its allreduce): the innermost active one is what this rank waits in.
         std::string chain;
         for (const auto& [other_id, other] : active_) chain += (chain.empty() ? "" : " > ") + other.what;

@@ -10,9 +10,8 @@ namespace h5ddp {
 
 std::vector<BucketSpec> assign_buckets(const std::vector<size_t>& nbytes, const std::vector<int>& group_key,
                                        size_t first_bucket_bytes, size_t bucket_cap_bytes) {
-  H5DDP_CHECK(nbytes.size() == group_key.size(),
-              "assign_buckets: " + std::to_string(nbytes.size()) + " sizes but " +
-                  std::to_string(group_key.size()) + " group keys");
+  H5DDP_CHECK(nbytes.size() == group_key.size(), "assign_buckets: " + std::to_string(nbytes.size()) + " sizes but " +
+                                                     std::to_string(group_key.size()) + " group keys");
   H5DDP_CHECK(first_bucket_bytes > 0 && bucket_cap_bytes > 0, "assign_buckets: bucket limits must be positive");
 
   struct Open {

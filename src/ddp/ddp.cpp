@@ -1,21 +1,23 @@
 #include "h5ddp/ddp.hpp"
 
+#include <c10/util/strides.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
-#include <c10/util/strides.h>
 
 #include <chrono>
 #include <map>
 #include <sstream>
 
-#include "h5ddp/error.hpp"
 #include "core/log.hpp"
+#include "h5ddp/error.hpp"
 
 namespace h5ddp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 DType to_dtype(torch::ScalarType t) {
   if (auto d = dtype_of(t)) return *d;
@@ -49,8 +51,7 @@ void broadcast_coalesced(Comm& host, Comm* device, const std::vector<torch::Tens
                          size_t chunk_bytes) {
   torch::NoGradGuard no_grad;
   std::map<std::pair<int, std::string>, std::vector<torch::Tensor>> groups;  // ordered: same on all ranks
-  for (const auto& t : tensors)
-    groups[{static_cast<int>(t.scalar_type()), t.device().str()}].push_back(t);
+  for (const auto& t : tensors) groups[{static_cast<int>(t.scalar_type()), t.device().str()}].push_back(t);
   for (auto& [key, group] : groups) {
     Comm& comm = group.front().is_cuda() ? *device : host;
     size_t i = 0;
@@ -76,24 +77,35 @@ void broadcast_coalesced(Comm& host, Comm* device, const std::vector<torch::Tens
 
 std::optional<DType> dtype_of(torch::ScalarType t) {
   switch (t) {
-    case torch::kFloat: return DType::kF32;
-    case torch::kDouble: return DType::kF64;
-    case torch::kHalf: return DType::kF16;
-    case torch::kBFloat16: return DType::kBF16;
-    case torch::kLong: return DType::kI64;
-    case torch::kInt: return DType::kI32;
-    case torch::kShort: return DType::kI16;
-    case torch::kChar: return DType::kI8;
-    case torch::kByte: return DType::kU8;
-    case torch::kBool: return DType::kBool;
-    default: return std::nullopt;
+    case torch::kFloat:
+      return DType::kF32;
+    case torch::kDouble:
+      return DType::kF64;
+    case torch::kHalf:
+      return DType::kF16;
+    case torch::kBFloat16:
+      return DType::kBF16;
+    case torch::kLong:
+      return DType::kI64;
+    case torch::kInt:
+      return DType::kI32;
+    case torch::kShort:
+      return DType::kI16;
+    case torch::kChar:
+      return DType::kI8;
+    case torch::kByte:
+      return DType::kU8;
+    case torch::kBool:
+      return DType::kBool;
+    default:
+      return std::nullopt;
   }
 }
 
 struct DistributedDataParallel::Bucket {
   torch::Tensor buffer;  // flat; the last bucket has one extra trailing element (see finish_backward)
   int64_t grad_numel = 0;
-  size_t pending = 0;    // parameters whose gradient is not ready yet in this step
+  size_t pending = 0;  // parameters whose gradient is not ready yet in this step
   std::unique_ptr<Work> work;
   Comm* comm = nullptr;
 };
@@ -182,8 +194,8 @@ void DistributedDataParallel::check_same_model() {
     while (k < entries.size() && k < root_entries.size() && entries[k] == root_entries[k]) ++k;
     const std::string mine = k < entries.size() ? entries[k] : "nothing more";
     const std::string theirs = k < root_entries.size() ? root_entries[k] : "nothing more";
-    diff = "entry " + std::to_string(k) + ": rank " + std::to_string(comm_.rank()) + " has " + mine +
-           ", rank 0 has " + theirs;
+    diff = "entry " + std::to_string(k) + ": rank " + std::to_string(comm_.rank()) + " has " + mine + ", rank 0 has " +
+           theirs;
   }
   const int32_t differs = diff.empty() ? 0 : 1;
   std::vector<int32_t> flags(comm_.size());
@@ -234,8 +246,9 @@ void DistributedDataParallel::build_buckets() {
       param_bucket_[i] = b;
       // An alias of the bucket's storage, not an autograd view: optimizers' zero_grad() calls detach_() on
       // .grad, which LibTorch refuses for views.
-      param_slot_[i] = torch::empty({0}, st->buffer.options())
-                           .set_(st->buffer.storage(), off, params_[i].sizes(), c10::contiguous_strides(params_[i].sizes()));
+      param_slot_[i] =
+          torch::empty({0}, st->buffer.options())
+              .set_(st->buffer.storage(), off, params_[i].sizes(), c10::contiguous_strides(params_[i].sizes()));
       off += params_[i].numel();
     }
     bucket_state_.push_back(std::move(st));

@@ -7,8 +7,8 @@
 #include <fstream>
 #include <string>
 
-#include "h5ddp/error.hpp"
 #include "core/log.hpp"
+#include "h5ddp/error.hpp"
 
 namespace h5ddp {
 namespace detail {
@@ -106,25 +106,41 @@ hid_t Handle::release() {
   return id;
 }
 
-Handle file(hid_t id) { return checked(id, H5Fclose, "H5Fopen/H5Fcreate"); }
-Handle group(hid_t id) { return checked(id, H5Gclose, "H5Gopen/H5Gcreate"); }
-Handle dataset(hid_t id) { return checked(id, H5Dclose, "H5Dopen/H5Dcreate"); }
-Handle dataspace(hid_t id) { return checked(id, H5Sclose, "H5S call"); }
-Handle datatype(hid_t id) { return checked(id, H5Tclose, "H5T call"); }
-Handle attribute(hid_t id) { return checked(id, H5Aclose, "H5Aopen/H5Acreate"); }
-Handle plist(hid_t id) { return checked(id, H5Pclose, "H5Pcreate"); }
+Handle file(hid_t id) {
+  return checked(id, H5Fclose, "H5Fopen/H5Fcreate");
+}
+Handle group(hid_t id) {
+  return checked(id, H5Gclose, "H5Gopen/H5Gcreate");
+}
+Handle dataset(hid_t id) {
+  return checked(id, H5Dclose, "H5Dopen/H5Dcreate");
+}
+Handle dataspace(hid_t id) {
+  return checked(id, H5Sclose, "H5S call");
+}
+Handle datatype(hid_t id) {
+  return checked(id, H5Tclose, "H5T call");
+}
+Handle attribute(hid_t id) {
+  return checked(id, H5Aclose, "H5Aopen/H5Acreate");
+}
+Handle plist(hid_t id) {
+  return checked(id, H5Pclose, "H5Pcreate");
+}
 
 SilenceErrors::SilenceErrors() {
   H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }
 
-SilenceErrors::~SilenceErrors() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+SilenceErrors::~SilenceErrors() {
+  H5Eset_auto2(H5E_DEFAULT, func_, data_);
+}
 
 std::string hdf5_library_conflict() {
   Dl_info create{}, mpio{};
-  if (!dladdr(reinterpret_cast<void*>(&H5Fcreate), &create) || !dladdr(reinterpret_cast<void*>(&H5Pset_fapl_mpio), &mpio) ||
-      !create.dli_fname || !mpio.dli_fname)
+  if (!dladdr(reinterpret_cast<void*>(&H5Fcreate), &create) ||
+      !dladdr(reinterpret_cast<void*>(&H5Pset_fapl_mpio), &mpio) || !create.dli_fname || !mpio.dli_fname)
     return "";  // statically linked, or no symbol information: nothing to compare
   if (std::strcmp(create.dli_fname, mpio.dli_fname) == 0) return "";
   return std::string("two HDF5 libraries in this process: H5Fcreate binds to ") + create.dli_fname +
@@ -212,17 +228,28 @@ Handle half_type() {
 
 Handle file_type(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return datatype(H5Tcopy(H5T_IEEE_F32LE));
-    case DType::kF64: return datatype(H5Tcopy(H5T_IEEE_F64LE));
-    case DType::kF16: return half_type();
-    case DType::kBF16: return datatype(H5Tcopy(H5T_STD_U16LE));
-    case DType::kI64: return datatype(H5Tcopy(H5T_STD_I64LE));
-    case DType::kI32: return datatype(H5Tcopy(H5T_STD_I32LE));
-    case DType::kI16: return datatype(H5Tcopy(H5T_STD_I16LE));
-    case DType::kI8: return datatype(H5Tcopy(H5T_STD_I8LE));
-    case DType::kU8: return datatype(H5Tcopy(H5T_STD_U8LE));
-    case DType::kU64: return datatype(H5Tcopy(H5T_STD_U64LE));
-    case DType::kBool: return datatype(H5Tcopy(H5T_STD_U8LE));
+    case DType::kF32:
+      return datatype(H5Tcopy(H5T_IEEE_F32LE));
+    case DType::kF64:
+      return datatype(H5Tcopy(H5T_IEEE_F64LE));
+    case DType::kF16:
+      return half_type();
+    case DType::kBF16:
+      return datatype(H5Tcopy(H5T_STD_U16LE));
+    case DType::kI64:
+      return datatype(H5Tcopy(H5T_STD_I64LE));
+    case DType::kI32:
+      return datatype(H5Tcopy(H5T_STD_I32LE));
+    case DType::kI16:
+      return datatype(H5Tcopy(H5T_STD_I16LE));
+    case DType::kI8:
+      return datatype(H5Tcopy(H5T_STD_I8LE));
+    case DType::kU8:
+      return datatype(H5Tcopy(H5T_STD_U8LE));
+    case DType::kU64:
+      return datatype(H5Tcopy(H5T_STD_U64LE));
+    case DType::kBool:
+      return datatype(H5Tcopy(H5T_STD_U8LE));
   }
   throw H5Error("no HDF5 type for dtype");
 }
@@ -284,9 +311,15 @@ void write_attr(hid_t loc, const std::string& name, const std::string& value) {
   const char* p = value.c_str();
   write_attr_raw(loc, name, t, &p);
 }
-void write_attr(hid_t loc, const std::string& name, int64_t value) { write_attr_raw(loc, name, H5T_STD_I64LE, &value); }
-void write_attr(hid_t loc, const std::string& name, uint64_t value) { write_attr_raw(loc, name, H5T_STD_U64LE, &value); }
-void write_attr(hid_t loc, const std::string& name, double value) { write_attr_raw(loc, name, H5T_IEEE_F64LE, &value); }
+void write_attr(hid_t loc, const std::string& name, int64_t value) {
+  write_attr_raw(loc, name, H5T_STD_I64LE, &value);
+}
+void write_attr(hid_t loc, const std::string& name, uint64_t value) {
+  write_attr_raw(loc, name, H5T_STD_U64LE, &value);
+}
+void write_attr(hid_t loc, const std::string& name, double value) {
+  write_attr_raw(loc, name, H5T_IEEE_F64LE, &value);
+}
 
 bool has_attr(hid_t loc, const std::string& name) {
   SilenceErrors quiet;
@@ -362,10 +395,14 @@ std::optional<uint64_t> stored_end_of_file(const std::string& path) {
     if (got < 8 || std::memcmp(b, kSignature, 8) != 0) continue;
     const unsigned version = b[8];
     size_t offsets_at = 0, addr_at = 0;  // where `size of offsets` is, where the base address starts
-    if (version == 0) offsets_at = 13, addr_at = 24;
-    else if (version == 1) offsets_at = 13, addr_at = 28;
-    else if (version == 2 || version == 3) offsets_at = 9, addr_at = 12;
-    else return std::nullopt;
+    if (version == 0)
+      offsets_at = 13, addr_at = 24;
+    else if (version == 1)
+      offsets_at = 13, addr_at = 28;
+    else if (version == 2 || version == 3)
+      offsets_at = 9, addr_at = 12;
+    else
+      return std::nullopt;
     const unsigned width = b[offsets_at];
     if (width != 2 && width != 4 && width != 8) return std::nullopt;
     auto address = [&](size_t i) {  // i-th address after addr_at

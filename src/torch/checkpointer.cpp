@@ -7,8 +7,8 @@
 #include <filesystem>
 
 #include "checkpoint/async_checkpoint.hpp"
-#include "h5ddp/error.hpp"
 #include "core/log.hpp"
+#include "h5ddp/error.hpp"
 #include "h5ddp/stop_signal.hpp"
 #include "torch/torch_state.hpp"
 
@@ -17,7 +17,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::string torch_version() {
   return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
@@ -40,7 +42,8 @@ std::string optimizer_type_of(const torch::optim::Optimizer& optimizer) {
   if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return "adamw";
   if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return "adam";
   if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return "sgd";
-  throw ConfigError("h5ddp checkpoints the state of torch::optim::Adam, AdamW and SGD; this optimizer is another class");
+  throw ConfigError(
+      "h5ddp checkpoints the state of torch::optim::Adam, AdamW and SGD; this optimizer is another class");
 }
 
 // One tracked value of the caller: a tensor (viewed in place when it is a contiguous CPU tensor, staged
@@ -191,7 +194,9 @@ Checkpointer::~Checkpointer() {
   if (impl_->signals) stop_signal::uninstall();
 }
 
-const std::string& Checkpointer::optimizer_type() const { return impl_->type; }
+const std::string& Checkpointer::optimizer_type() const {
+  return impl_->type;
+}
 
 void Checkpointer::track(const std::string& name, torch::Tensor tensor) {
   H5DDP_CHECK(tensor.defined(), "Checkpointer::track(" + name + "): undefined tensor");
@@ -217,7 +222,9 @@ void Checkpointer::track(const std::string& name, double* value) {
   impl_->tracked.push_back(std::move(t));
 }
 
-void Checkpointer::set_meta(const std::string& key, const std::string& value) { impl_->meta[key] = value; }
+void Checkpointer::set_meta(const std::string& key, const std::string& value) {
+  impl_->meta[key] = value;
+}
 
 void Checkpointer::set_scheduler_state(std::function<SchedulerState(int64_t)> fn) {
   impl_->scheduler = std::move(fn);
@@ -256,7 +263,9 @@ ResumeInfo Checkpointer::resume() {
   return info;
 }
 
-ResumeInfo Checkpointer::resume_from(const std::string& path) { return load_resumed(path); }
+ResumeInfo Checkpointer::resume_from(const std::string& path) {
+  return load_resumed(path);
+}
 
 void Checkpointer::load_weights(const std::string& path) {
   Snapshot snap = impl_->take();
@@ -275,8 +284,10 @@ TrainState Checkpointer::export_state() {
   for (auto& t : impl_->tracked) st.user.push_back(t.ref());
   st.counters = counters_;
   st.data = data_;
-  if (impl_->scheduler) st.scheduler = impl_->scheduler(counters_.step);
-  else st.scheduler.type = "none";
+  if (impl_->scheduler)
+    st.scheduler = impl_->scheduler(counters_.step);
+  else
+    st.scheduler.type = "none";
   st.meta = impl_->meta;
   st.meta["torch_version"] = torch_version();
   st.meta["optimizer"] = impl_->type;
@@ -310,8 +321,10 @@ void Checkpointer::save_guarded(bool final_save) {
   auto report_or_throw = [&](const Error& e) {
     if (final_save || !options_.continue_on_save_error) throw;
     if (comm_.rank() == 0)
-      log::warn("checkpoint save failed; training continues and retries at the next trigger; the previous "
-                "checkpoint and `latest` are unchanged:\n" + std::string(e.what()));
+      log::warn(
+          "checkpoint save failed; training continues and retries at the next trigger; the previous "
+          "checkpoint and `latest` are unchanged:\n" +
+          std::string(e.what()));
   };
   const int64_t previous = last_saved_step_;
   try {
@@ -350,8 +363,7 @@ StepOutcome Checkpointer::agree_step(int64_t step, double value) {
   // One allreduce carries everything the ranks must agree on: any rank's signal and time trigger, and the
   // caller's value (its mean, for logging).
   const int sig = impl_->signals ? stop_signal::pending() : 0;
-  const bool time_due =
-      options_.every_seconds > 0 && seconds_since(impl_->last_save_time) >= options_.every_seconds;
+  const bool time_due = options_.every_seconds > 0 && seconds_since(impl_->last_save_time) >= options_.every_seconds;
   double agree[4] = {value, (sig == SIGUSR1 || sig == SIGTERM) ? 1.0 : 0.0, sig == SIGINT ? 1.0 : 0.0,
                      time_due ? 1.0 : 0.0};
   comm_.allreduce(agree, 4, DType::kF64, ReduceOp::kSum);
@@ -392,8 +404,8 @@ SaveResult Checkpointer::finish(bool final_save) {
     wait();
   } catch (const Error& e) {
     if (!options_.continue_on_save_error) throw;
-    if (comm_.rank() == 0) log::warn("background checkpoint save failed; the final save redoes it:\n" +
-                                     std::string(e.what()));
+    if (comm_.rank() == 0)
+      log::warn("background checkpoint save failed; the final save redoes it:\n" + std::string(e.what()));
   }
   if (final_save && last_saved_step_ != counters_.step) save_guarded(true);
   return impl_->last_result;

@@ -9,7 +9,9 @@ namespace {
 volatile std::sig_atomic_t g_signal = 0;
 int g_depth = 0;  // install() calls not yet matched by uninstall() (the trainer's and its Checkpointer's)
 
-extern "C" void on_signal(int sig) { g_signal = sig; }
+extern "C" void on_signal(int sig) {
+  g_signal = sig;
+}
 
 void set(int sig, void (*handler)(int), int flags) {
   struct sigaction sa {};
@@ -34,7 +36,11 @@ void uninstall() {
   for (int sig : {SIGUSR1, SIGTERM, SIGINT}) set(sig, SIG_DFL, 0);
 }
 
-int pending() { return g_signal; }
-void clear() { g_signal = 0; }
+int pending() {
+  return g_signal;
+}
+void clear() {
+  g_signal = 0;
+}
 
 }  // namespace h5ddp::stop_signal

@@ -17,17 +17,28 @@ DType to_dtype(torch::ScalarType t) {
 
 torch::ScalarType to_scalar_type(DType t) {
   switch (t) {
-    case DType::kF32: return torch::kFloat;
-    case DType::kF64: return torch::kDouble;
-    case DType::kF16: return torch::kHalf;
-    case DType::kBF16: return torch::kBFloat16;
-    case DType::kI64: return torch::kLong;
-    case DType::kI32: return torch::kInt;
-    case DType::kI16: return torch::kShort;
-    case DType::kI8: return torch::kChar;
-    case DType::kU8: return torch::kByte;
-    case DType::kBool: return torch::kBool;
-    case DType::kU64: break;
+    case DType::kF32:
+      return torch::kFloat;
+    case DType::kF64:
+      return torch::kDouble;
+    case DType::kF16:
+      return torch::kHalf;
+    case DType::kBF16:
+      return torch::kBFloat16;
+    case DType::kI64:
+      return torch::kLong;
+    case DType::kI32:
+      return torch::kInt;
+    case DType::kI16:
+      return torch::kShort;
+    case DType::kI8:
+      return torch::kChar;
+    case DType::kU8:
+      return torch::kByte;
+    case DType::kBool:
+      return torch::kBool;
+    case DType::kU64:
+      break;
   }
   throw CheckpointError(std::string("dtype ") + dtype_name(t) + " has no LibTorch equivalent");
 }
@@ -42,7 +53,9 @@ const std::vector<std::string>& tensor_state_keys(const std::string& type) {
 }
 
 // LibTorch keys optimizer state by the parameter's TensorImpl address.
-std::string state_key(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+std::string state_key(const torch::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
 
 torch::Tensor* adam_tensor(torch::optim::OptimizerParamState& s, const std::string& type, const std::string& key) {
   // AdamW's state has the same fields as Adam's but is a distinct class.
@@ -111,15 +124,18 @@ void TorchStateBinding::export_optimizer(OptimizerState& out) {
     ParamGroup pg;
     if (type_ == "sgd") {
       auto& o = static_cast<torch::optim::SGDOptions&>(g.options());
-      pg.hyper = {{"lr", o.lr()}, {"momentum", o.momentum()}, {"dampening", o.dampening()},
-                  {"weight_decay", o.weight_decay()}, {"nesterov", o.nesterov() ? 1.0 : 0.0}};
+      pg.hyper = {{"lr", o.lr()},
+                  {"momentum", o.momentum()},
+                  {"dampening", o.dampening()},
+                  {"weight_decay", o.weight_decay()},
+                  {"nesterov", o.nesterov() ? 1.0 : 0.0}};
     } else if (type_ == "adam") {
       auto& o = static_cast<torch::optim::AdamOptions&>(g.options());
-      pg.hyper = {{"lr", o.lr()}, {"betas0", std::get<0>(o.betas())}, {"betas1", std::get<1>(o.betas())},
+      pg.hyper = {{"lr", o.lr()},   {"betas0", std::get<0>(o.betas())}, {"betas1", std::get<1>(o.betas())},
                   {"eps", o.eps()}, {"weight_decay", o.weight_decay()}, {"amsgrad", o.amsgrad() ? 1.0 : 0.0}};
     } else {
       auto& o = static_cast<torch::optim::AdamWOptions&>(g.options());
-      pg.hyper = {{"lr", o.lr()}, {"betas0", std::get<0>(o.betas())}, {"betas1", std::get<1>(o.betas())},
+      pg.hyper = {{"lr", o.lr()},   {"betas0", std::get<0>(o.betas())}, {"betas1", std::get<1>(o.betas())},
                   {"eps", o.eps()}, {"weight_decay", o.weight_decay()}, {"amsgrad", o.amsgrad() ? 1.0 : 0.0}};
     }
     for (const auto& p : g.params()) pg.params.push_back(param_name(p));
@@ -182,9 +198,12 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
 
     auto& slot = optimizer_.state()[state_key(*param)];
     if (!slot) {
-      if (type_ == "sgd") slot = std::make_unique<torch::optim::SGDParamState>();
-      else if (type_ == "adam") slot = std::make_unique<torch::optim::AdamParamState>();
-      else slot = std::make_unique<torch::optim::AdamWParamState>();
+      if (type_ == "sgd")
+        slot = std::make_unique<torch::optim::SGDParamState>();
+      else if (type_ == "adam")
+        slot = std::make_unique<torch::optim::AdamParamState>();
+      else
+        slot = std::make_unique<torch::optim::AdamWParamState>();
     }
     if (key == "step") {  // a step of another dtype or shape shows up in load_checkpoint's list
       steps_.push_back(0);
@@ -221,8 +240,10 @@ void TorchStateBinding::finish_import() {
     for (const auto& [n, t] : params_)
       if (n == step_params_[i]) param = &t;
     auto& s = *optimizer_.state().at(state_key(*param));
-    if (type_ == "adam") static_cast<torch::optim::AdamParamState&>(s).step(steps_[i]);
-    else static_cast<torch::optim::AdamWParamState&>(s).step(steps_[i]);
+    if (type_ == "adam")
+      static_cast<torch::optim::AdamParamState&>(s).step(steps_[i]);
+    else
+      static_cast<torch::optim::AdamWParamState&>(s).step(steps_[i]);
   }
   // An Adam state without exp_avg would crash LibTorch's step: the checkpoint must be complete.
   if (type_ != "sgd")
@@ -267,7 +288,9 @@ void restore_rng(const RngState& rng) {
     set_generator(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA)), rng.cuda);
 }
 
-void seed_rank_rng(uint64_t seed, int rank) { torch::manual_seed(seed + static_cast<uint64_t>(rank)); }
+void seed_rank_rng(uint64_t seed, int rank) {
+  torch::manual_seed(seed + static_cast<uint64_t>(rank));
+}
 
 bool restore_rank_rng(const std::vector<RngState>& rows, int rank, uint64_t seed, int64_t step) {
   if (rank < static_cast<int>(rows.size()) && !rows[rank].cpu.empty()) {

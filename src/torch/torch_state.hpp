@@ -55,8 +55,8 @@ class TorchStateBinding {
   std::string type_;
   std::vector<std::pair<std::string, torch::Tensor>> params_, buffers_;
   std::vector<Staged> staged_;
-  std::vector<int64_t> steps_;                  // Adam step counters (int64 in LibTorch) during save/load
-  std::vector<std::string> step_params_;        // their parameter names
+  std::vector<int64_t> steps_;            // Adam step counters (int64 in LibTorch) during save/load
+  std::vector<std::string> step_params_;  // their parameter names
 };
 
 // Local. This process's generator states: the CPU default generator, and the current CUDA device's when

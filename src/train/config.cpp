@@ -58,73 +58,82 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
   std::string watchdog = "auto";
 
   po::options_description general("General");
-  general.add_options()
-      ("help,h", "print this help and exit")
-      ("config", po::value(&config_file), "read options from FILE (key = value lines, same names as the "
-                                          "long options); the command line wins")
-      ("data-dir", po::value(&c.data_dir)->default_value(c.data_dir), "directory with the Fashion-MNIST "
-                                                                      "*-ubyte.gz files")
-      ("run-dir", po::value(&c.run_dir)->default_value(c.run_dir), "directory for checkpoints (created if missing)")
-      ("threads", po::value(&c.threads)->default_value(c.threads), "LibTorch intra-op threads per rank")
-      ("seed", po::value(&c.seed)->default_value(c.seed), "seed of the data order, initial weights and dropout "
-                                                          "(rank r uses seed + r for dropout)");
+  general.add_options()("help,h", "print this help and exit")(
+      "config", po::value(&config_file),
+      "read options from FILE (key = value lines, same names as the "
+      "long options); the command line wins")("data-dir", po::value(&c.data_dir)->default_value(c.data_dir),
+                                              "directory with the Fashion-MNIST "
+                                              "*-ubyte.gz files")(
+      "run-dir", po::value(&c.run_dir)->default_value(c.run_dir), "directory for checkpoints (created if missing)")(
+      "threads", po::value(&c.threads)->default_value(c.threads), "LibTorch intra-op threads per rank")(
+      "seed", po::value(&c.seed)->default_value(c.seed),
+      "seed of the data order, initial weights and dropout "
+      "(rank r uses seed + r for dropout)");
   po::options_description model("Model");
-  model.add_options()
-      ("model", po::value(&c.model.name)->default_value(c.model.name), "cnn | mlp (see docs/MODELS.md)")
-      ("dropout", po::value(&c.model.dropout)->default_value(c.model.dropout, "0.25"), "dropout probability in [0, 1)")
-      ("mlp-hidden", po::value(&mlp_hidden)->default_value(mlp_hidden), "hidden layer widths of --model mlp, "
-                                                                        "comma separated");
+  model.add_options()("model", po::value(&c.model.name)->default_value(c.model.name), "cnn | mlp (see docs/MODELS.md)")(
+      "dropout", po::value(&c.model.dropout)->default_value(c.model.dropout, "0.25"), "dropout probability in [0, 1)")(
+      "mlp-hidden", po::value(&mlp_hidden)->default_value(mlp_hidden),
+      "hidden layer widths of --model mlp, "
+      "comma separated");
   po::options_description train("Training");
-  train.add_options()
-      ("epochs", po::value(&c.epochs)->default_value(c.epochs), "epochs to train")
-      ("max-steps", po::value(&c.max_steps)->default_value(c.max_steps), "stop after this many optimizer steps "
-                                                                         "in total (0 = no limit)")
-      ("batch-size", po::value(&c.batch_size)->default_value(c.batch_size), "GLOBAL batch size over all ranks; "
-                                                                            "must be divisible by the rank count")
-      ("lr", po::value(&c.lr)->default_value(c.lr, "0.002"), "learning rate")
-      ("optimizer", po::value(&c.optimizer)->default_value(c.optimizer), "adam | adamw | sgd")
-      ("momentum", po::value(&c.momentum)->default_value(c.momentum, "0.9"), "SGD momentum")
-      ("weight-decay", po::value(&c.weight_decay)->default_value(c.weight_decay), "weight decay (L2 for adam/sgd, "
-                                                                                  "decoupled for adamw)")
-      ("lr-schedule", po::value(&c.lr_schedule)->default_value(c.lr_schedule), "constant | step | cosine "
-                                                                                "(cosine anneals to 0 over the run)")
-      ("lr-step-size", po::value(&c.lr_step_size)->default_value(c.lr_step_size), "step schedule: multiply the lr "
-                                                                                  "by --lr-gamma every N steps (0 = every epoch)")
-      ("lr-gamma", po::value(&c.lr_gamma)->default_value(c.lr_gamma, "0.1"), "step schedule: decay factor")
-      ("step-sleep-ms", po::value(&c.step_sleep_ms)->default_value(c.step_sleep_ms), "sleep after each step "
-                                                                                     "(throttle for tests and demos)")
-      ("progress", po::value(&c.progress)->default_value(c.progress), "rank 0's progress display: auto | tty "
-                                                                       "(one line rewritten with \\r) | lines (auto: "
-                                                                       "tty on a terminal, lines under mpirun, whose "
-                                                                       "output is a pseudo-terminal even when piped)")
-      ("log-every", po::value(&c.log_every)->default_value(c.log_every), "progress line every N steps in lines mode "
-                                                                         "(0 = about 20 lines a run)")
-      ("no-eval", po::bool_switch(&no_eval), "skip the evaluation on the test set at the end");
+  train.add_options()("epochs", po::value(&c.epochs)->default_value(c.epochs), "epochs to train")(
+      "max-steps", po::value(&c.max_steps)->default_value(c.max_steps),
+      "stop after this many optimizer steps "
+      "in total (0 = no limit)")("batch-size", po::value(&c.batch_size)->default_value(c.batch_size),
+                                 "GLOBAL batch size over all ranks; "
+                                 "must be divisible by the rank count")(
+      "lr", po::value(&c.lr)->default_value(c.lr, "0.002"), "learning rate")(
+      "optimizer", po::value(&c.optimizer)->default_value(c.optimizer), "adam | adamw | sgd")(
+      "momentum", po::value(&c.momentum)->default_value(c.momentum, "0.9"), "SGD momentum")(
+      "weight-decay", po::value(&c.weight_decay)->default_value(c.weight_decay),
+      "weight decay (L2 for adam/sgd, "
+      "decoupled for adamw)")("lr-schedule", po::value(&c.lr_schedule)->default_value(c.lr_schedule),
+                              "constant | step | cosine "
+                              "(cosine anneals to 0 over the run)")(
+      "lr-step-size", po::value(&c.lr_step_size)->default_value(c.lr_step_size),
+      "step schedule: multiply the lr "
+      "by --lr-gamma every N steps (0 = every epoch)")(
+      "lr-gamma", po::value(&c.lr_gamma)->default_value(c.lr_gamma, "0.1"), "step schedule: decay factor")(
+      "step-sleep-ms", po::value(&c.step_sleep_ms)->default_value(c.step_sleep_ms),
+      "sleep after each step "
+      "(throttle for tests and demos)")("progress", po::value(&c.progress)->default_value(c.progress),
+                                        "rank 0's progress display: auto | tty "
+                                        "(one line rewritten with \\r) | lines (auto: "
+                                        "tty on a terminal, lines under mpirun, whose "
+                                        "output is a pseudo-terminal even when piped)")(
+      "log-every", po::value(&c.log_every)->default_value(c.log_every),
+      "progress line every N steps in lines mode "
+      "(0 = about 20 lines a run)")("no-eval", po::bool_switch(&no_eval),
+                                    "skip the evaluation on the test set at the end");
   po::options_description ckpt("Checkpoints");
-  ckpt.add_options()
-      ("checkpoint-every-steps", po::value(&c.checkpoint_every_steps)->default_value(c.checkpoint_every_steps),
-       "save every N optimizer steps (0 = off)")
-      ("checkpoint-every-seconds", po::value(&c.checkpoint_every_seconds)->default_value(c.checkpoint_every_seconds),
-       "save every T seconds (each rank checks its clock; one allreduce per step makes all ranks save together; 0 = off)")
-      ("keep-last", po::value(&c.keep_last)->default_value(c.keep_last), "keep the newest K checkpoints (0 = all)")
-      ("keep-every", po::value(&c.keep_every)->default_value(c.keep_every), "also keep every checkpoint whose step "
-                                                                            "is a multiple of M (0 = off)")
-      ("async-checkpoint", po::bool_switch(&c.async_checkpoint), "write periodic checkpoints in the background "
-                                                                 "(training blocks only for a copy to host memory)")
-      ("on-save-error", po::value(&c.on_save_error)->default_value(c.on_save_error),
-       "stop | continue: a failed periodic save (disk full, I/O error) ends training with an error, or is "
-       "reported and retried at the next trigger; the final save and a signal's save always stop")
-      ("watchdog-seconds", po::value(&watchdog)->default_value(watchdog),
-       "abort the whole job (MPI_Abort, exit code 70) with a message naming host, rank and operation when a "
-       "step's collectives or a save stall: T seconds for a step, 10x T for a save; auto = 20x the slowest step "
-       "and 10x the slowest save so far, at least 300 s and 900 s; 0 = off")
-      ("no-fsync", po::bool_switch(&no_fsync), "do not fsync checkpoint files (faster, not crash-safe)")
-      ("verify-replicas", po::bool_switch(&c.verify_replicas), "on every save, every rank hashes every tensor in "
-       "full and the hashes must agree (default: a sampled comparison; each tensor hashed by the rank writing it)")
-      ("no-final-checkpoint", po::bool_switch(&no_final), "do not save when training ends")
-      ("resume", po::value(&c.resume)->default_value(c.resume), "auto: newest valid checkpoint in --run-dir, "
-                                                                "fresh start if none | none | PATH of a checkpoint")
-      ("init-from", po::value(&c.init_from), "initialise the model weights (only) from this checkpoint");
+  ckpt.add_options()("checkpoint-every-steps",
+                     po::value(&c.checkpoint_every_steps)->default_value(c.checkpoint_every_steps),
+                     "save every N optimizer steps (0 = off)")(
+      "checkpoint-every-seconds", po::value(&c.checkpoint_every_seconds)->default_value(c.checkpoint_every_seconds),
+      "save every T seconds (each rank checks its clock; one allreduce per step makes all ranks save together; 0 = "
+      "off)")("keep-last", po::value(&c.keep_last)->default_value(c.keep_last),
+              "keep the newest K checkpoints (0 = all)")(
+      "keep-every", po::value(&c.keep_every)->default_value(c.keep_every),
+      "also keep every checkpoint whose step "
+      "is a multiple of M (0 = off)")("async-checkpoint", po::bool_switch(&c.async_checkpoint),
+                                      "write periodic checkpoints in the background "
+                                      "(training blocks only for a copy to host memory)")(
+      "on-save-error", po::value(&c.on_save_error)->default_value(c.on_save_error),
+      "stop | continue: a failed periodic save (disk full, I/O error) ends training with an error, or is "
+      "reported and retried at the next trigger; the final save and a signal's save always stop")(
+      "watchdog-seconds", po::value(&watchdog)->default_value(watchdog),
+      "abort the whole job (MPI_Abort, exit code 70) with a message naming host, rank and operation when a "
+      "step's collectives or a save stall: T seconds for a step, 10x T for a save; auto = 20x the slowest step "
+      "and 10x the slowest save so far, at least 300 s and 900 s; 0 = off")(
+      "no-fsync", po::bool_switch(&no_fsync), "do not fsync checkpoint files (faster, not crash-safe)")(
+      "verify-replicas", po::bool_switch(&c.verify_replicas),
+      "on every save, every rank hashes every tensor in "
+      "full and the hashes must agree (default: a sampled comparison; each tensor hashed by the rank writing it)")(
+      "no-final-checkpoint", po::bool_switch(&no_final), "do not save when training ends")(
+      "resume", po::value(&c.resume)->default_value(c.resume),
+      "auto: newest valid checkpoint in --run-dir, "
+      "fresh start if none | none | PATH of a checkpoint")("init-from", po::value(&c.init_from),
+                                                           "initialise the model weights (only) from this checkpoint");
 
   const char* intro =
       "h5ddp-train: data-parallel training of LibTorch models on MPI, with parallel-HDF5 checkpoints.\n"

@@ -12,8 +12,8 @@
 namespace h5ddp {
 
 struct ModelSpec {
-  std::string name = "cnn";                     // "cnn" | "mlp"
-  double dropout = 0.25;                        // dropout probability in [0, 1)
+  std::string name = "cnn";                        // "cnn" | "mlp"
+  double dropout = 0.25;                           // dropout probability in [0, 1)
   std::vector<int64_t> mlp_hidden = {1024, 1024};  // hidden widths of the MLP
 };
 
@@ -21,39 +21,39 @@ struct TrainConfig {
   ModelSpec model;
   std::string data_dir = kDefaultFashionMnistDir;
   int64_t epochs = 1;
-  int64_t max_steps = 0;          // 0 = no limit: stop after `epochs` epochs
-  int64_t batch_size = 120;       // GLOBAL batch over all ranks
-  bool batch_size_set = false;    // given explicitly (a resume otherwise takes the checkpoint's)
-  double lr = 2e-3;               // Adam at 2e-3 reaches 86.8% after one epoch of the default job (README)
+  int64_t max_steps = 0;           // 0 = no limit: stop after `epochs` epochs
+  int64_t batch_size = 120;        // GLOBAL batch over all ranks
+  bool batch_size_set = false;     // given explicitly (a resume otherwise takes the checkpoint's)
+  double lr = 2e-3;                // Adam at 2e-3 reaches 86.8% after one epoch of the default job (README)
   std::string optimizer = "adam";  // adam | adamw | sgd
   double momentum = 0.9;           // sgd only
   double weight_decay = 0.0;
   std::string lr_schedule = "constant";  // constant | step | cosine
-  int64_t lr_step_size = 0;        // step schedule: decay every N steps (0 = once per epoch)
-  double lr_gamma = 0.1;           // step schedule: factor
+  int64_t lr_step_size = 0;              // step schedule: decay every N steps (0 = once per epoch)
+  double lr_gamma = 0.1;                 // step schedule: factor
   uint64_t seed = 42;
   std::string run_dir = "runs/default";
-  int64_t checkpoint_every_steps = 0;     // 0 = off
-  double checkpoint_every_seconds = 0;    // 0 = off
+  int64_t checkpoint_every_steps = 0;   // 0 = off
+  double checkpoint_every_seconds = 0;  // 0 = off
   int keep_last = 3;
   int keep_every = 0;
   bool fsync = true;
-  bool verify_replicas = false;    // every rank hashes every tensor on save and all hashes must agree
-  bool async_checkpoint = false;   // write checkpoints on a background thread (blocks only for a copy)
+  bool verify_replicas = false;        // every rank hashes every tensor on save and all hashes must agree
+  bool async_checkpoint = false;       // write checkpoints on a background thread (blocks only for a copy)
   std::string on_save_error = "stop";  // stop | continue: a failed periodic save ends training, or is
                                        // reported and retried at the next trigger (final saves always stop)
   // MPI_Abort (exit 70) with a message when a step or a save stalls: > 0 a step gets this many seconds and a
   // save 10 times as many; 0 off; kWatchdogAuto (the default) limits from measured step and save times.
   static constexpr double kWatchdogAuto = -1;
   double watchdog_seconds = kWatchdogAuto;
-  std::string resume = "auto";     // auto | none | <checkpoint path>
-  std::string init_from;           // weights-only initialisation from a checkpoint
-  int threads = 1;                 // torch intra-op threads per rank
-  int64_t step_sleep_ms = 0;       // sleep after every step (tests and demos)
-  std::string progress = "auto";  // auto | tty | lines
-  int64_t log_every = 0;           // progress line every N steps when stdout is not a TTY (0 = auto)
-  bool evaluate = true;            // evaluate on the test set at the end
-  bool final_checkpoint = true;    // save at the end of training
+  std::string resume = "auto";            // auto | none | <checkpoint path>
+  std::string init_from;                  // weights-only initialisation from a checkpoint
+  int threads = 1;                        // torch intra-op threads per rank
+  int64_t step_sleep_ms = 0;              // sleep after every step (tests and demos)
+  std::string progress = "auto";          // auto | tty | lines
+  int64_t log_every = 0;                  // progress line every N steps when stdout is not a TTY (0 = auto)
+  bool evaluate = true;                   // evaluate on the test set at the end
+  bool final_checkpoint = true;           // save at the end of training
   std::vector<std::string> command_line;  // argv as given (for the "how to resume" hint)
 };
 

@@ -48,8 +48,8 @@ void read_exact(gzFile f, void* dst, size_t n, const std::string& path, const ch
     const int got = gzread(f, p + done, chunk);
     if (got < 0) throw DataError(gz_problem("corrupt data file ", f, path));
     if (got == 0) {
-      throw DataError("truncated data file " + path + ": " + what + " needs " + std::to_string(n) +
-                      " bytes, got " + std::to_string(done));
+      throw DataError("truncated data file " + path + ": " + what + " needs " + std::to_string(n) + " bytes, got " +
+                      std::to_string(done));
     }
     done += static_cast<size_t>(got);
   }
@@ -123,16 +123,16 @@ ImageDataset read_idx_dataset(const std::string& images_path, const std::string&
                     hex(kLabelsMagic) + ")");
   const uint32_t n = read_be32(f.get(), labels_path, "label count");
   if (int64_t(n) != ds.count)
-    throw DataError("label file " + labels_path + " has " + std::to_string(n) + " labels but " + images_path +
-                    " has " + std::to_string(ds.count) + " images");
+    throw DataError("label file " + labels_path + " has " + std::to_string(n) + " labels but " + images_path + " has " +
+                    std::to_string(ds.count) + " images");
   std::vector<unsigned char> lab(n);
   read_exact(f.get(), lab.data(), lab.size(), labels_path, "labels");
   expect_end(f.get(), labels_path, std::to_string(n) + " labels");
   ds.labels.resize(n);
   for (size_t i = 0; i < lab.size(); ++i) {
     if (lab[i] > 9)
-      throw DataError("label " + std::to_string(int(lab[i])) + " out of range [0, 10) at index " +
-                      std::to_string(i) + " in " + labels_path);
+      throw DataError("label " + std::to_string(int(lab[i])) + " out of range [0, 10) at index " + std::to_string(i) +
+                      " in " + labels_path);
     ds.labels[i] = lab[i];
   }
   return ds;

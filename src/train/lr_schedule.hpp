@@ -12,9 +12,9 @@ namespace h5ddp {
 struct LrSchedule {
   std::string type = "constant";  // constant | step | cosine
   double base_lr = 1e-3;
-  int64_t step_size = 1;          // step: multiply by gamma every step_size steps
+  int64_t step_size = 1;  // step: multiply by gamma every step_size steps
   double gamma = 0.1;
-  int64_t total_steps = 1;        // cosine: lr reaches 0 at total_steps
+  int64_t total_steps = 1;  // cosine: lr reaches 0 at total_steps
 
   // Learning rate for the optimizer step that follows `step` completed steps.
   double lr_at(int64_t step) const;

@@ -56,8 +56,8 @@ std::string MlpModel::describe() const {
   std::string widths = "784";
   for (int64_t h : hidden_) widths += "->" + std::to_string(h);
   const int64_t n = parameter_count(*this);
-  return "mlp (" + widths + "->10, dropout " + std::to_string(dropout_) + "), " + std::to_string(n) +
-         " parameters (" + std::to_string(n * 4 / (1 << 20)) + " MiB)";
+  return "mlp (" + widths + "->10, dropout " + std::to_string(dropout_) + "), " + std::to_string(n) + " parameters (" +
+         std::to_string(n * 4 / (1 << 20)) + " MiB)";
 }
 
 std::shared_ptr<Model> make_model(const ModelSpec& spec) {

@@ -3,32 +3,34 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
 
+#include "core/log.hpp"
+#include "core/watchdog.hpp"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/checkpointer.hpp"
-#include "train/data.hpp"
 #include "h5ddp/ddp.hpp"
 #include "h5ddp/error.hpp"
-#include "core/log.hpp"
-#include "train/lr_schedule.hpp"
-#include "train/models.hpp"
 #include "h5ddp/sampler.hpp"
 #include "h5ddp/stop_signal.hpp"
 #include "torch/torch_state.hpp"
-#include "core/watchdog.hpp"
+#include "train/data.hpp"
+#include "train/lr_schedule.hpp"
+#include "train/models.hpp"
 
 namespace h5ddp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<torch::Tensor>& p) {
   if (c.optimizer == "sgd")
@@ -47,8 +49,10 @@ std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "--:--";
   const long t = std::lround(s);
   char buf[32];
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
-  else std::snprintf(buf, sizeof buf, "%02ld:%02ld", t / 60, t % 60);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%02ld:%02ld", t / 60, t % 60);
   return buf;
 }
 
@@ -64,8 +68,8 @@ std::string shell_join(const std::vector<std::string>& args) {
 // The batch of `indices` as tensors: images [B, 1, 28, 28] and labels [B].
 std::pair<torch::Tensor, torch::Tensor> gather(const torch::Tensor& images, const torch::Tensor& labels,
                                                const std::vector<int64_t>& indices) {
-  auto idx = torch::from_blob(const_cast<int64_t*>(indices.data()), {static_cast<int64_t>(indices.size())},
-                              torch::kLong);
+  auto idx =
+      torch::from_blob(const_cast<int64_t*>(indices.data()), {static_cast<int64_t>(indices.size())}, torch::kLong);
   return {images.index_select(0, idx), labels.index_select(0, idx)};
 }
 
@@ -93,7 +97,9 @@ double evaluate(Model& model, const ImageDataset& test, Comm& comm) {
 class Progress {
  public:
   Progress(bool enabled, const std::string& mode, int64_t total_steps, int64_t log_every)
-      : enabled_(enabled), tty_(enabled && use_tty(mode)), total_(total_steps),
+      : enabled_(enabled),
+        tty_(enabled && use_tty(mode)),
+        total_(total_steps),
         every_(log_every > 0 ? log_every : std::max<int64_t>(1, total_steps / 20)) {}
 
   // Open MPI hands its ranks a pseudo-terminal even when mpirun's own output is a pipe or a file, so
@@ -117,8 +123,8 @@ class Progress {
     const double el = seconds_since(start_);
     const double sps = el > 0 ? static_cast<double>(step - start_step_) / el : 0;
     const double eta = sps > 0 ? static_cast<double>(total_ - step) / sps : NAN;
-    std::printf("%sstep %lld/%lld  epoch %lld/%lld  loss %.4f  %.0f samples/s  elapsed %s  ETA %s%s",
-                tty_ ? "\r" : "", static_cast<long long>(step), static_cast<long long>(total_),
+    std::printf("%sstep %lld/%lld  epoch %lld/%lld  loss %.4f  %.0f samples/s  elapsed %s  ETA %s%s", tty_ ? "\r" : "",
+                static_cast<long long>(step), static_cast<long long>(total_),
                 static_cast<long long>(std::min(epoch + 1, epochs)), static_cast<long long>(epochs),
                 loss_sum_ / std::max<int64_t>(loss_n_, 1), sps * static_cast<double>(global_batch),
                 format_duration(el).c_str(), format_duration(eta).c_str(), tty_ ? "   " : "\n");
@@ -159,8 +165,11 @@ class StallWatch {
   enum class Kind { kStep, kSave };
 
   explicit StallWatch(double configured)
-      : auto_(configured < 0), configured_(configured), step_floor_(floor_from_env()),
-        step_limit_(step_floor_, 20), save_limit_(env_floor_ ? 3 * step_floor_ : kAutoWatchdogSaveFloor, 10),
+      : auto_(configured < 0),
+        configured_(configured),
+        step_floor_(floor_from_env()),
+        step_limit_(step_floor_, 20),
+        save_limit_(env_floor_ ? 3 * step_floor_ : kAutoWatchdogSaveFloor, 10),
         watchdog_(auto_ ? step_floor_ : configured) {}
 
   Watchdog::Guard watch(const std::string& what, Kind kind, int64_t step) {
@@ -274,8 +283,10 @@ class Trainer {
   // like a run in an empty directory); a path: that file; none: fresh. --init-from: weights only.
   void resume_or_init() {
     ResumeInfo info;
-    if (config_.resume == "auto") info = ckpt_->resume();
-    else if (config_.resume != "none") info = ckpt_->resume_from(config_.resume);
+    if (config_.resume == "auto")
+      info = ckpt_->resume();
+    else if (config_.resume != "none")
+      info = ckpt_->resume_from(config_.resume);
     // A later --resume auto takes the highest step in the run dir: say which files of an older run would shadow.
     if (config_.resume == "none") warn_of_checkpoints_in_fresh_run_dir(comm_, config_.run_dir);
     if (info.resumed) {
@@ -403,9 +414,9 @@ class Trainer {
   // Collective. The background save in flight, the final save, the evaluation, the summary.
   void finish() {
     {
-      auto guard = watch_.watch(config_.final_checkpoint ? "final checkpoint save"
-                                                         : "wait for the background checkpoint save",
-                                StallWatch::Kind::kSave, ckpt_->step());
+      auto guard =
+          watch_.watch(config_.final_checkpoint ? "final checkpoint save" : "wait for the background checkpoint save",
+                       StallWatch::Kind::kSave, ckpt_->step());
       ckpt_->finish(config_.final_checkpoint);
     }
     result_.last_checkpoint = ckpt_->last_checkpoint();
@@ -432,9 +443,10 @@ class Trainer {
     if (!argv.empty()) command.insert(command.end(), argv.begin() + 1, argv.end());
     const std::string dir = std::filesystem::path(command[0]).parent_path().string();
     std::printf("checkpoint: %s\n", ckpt.c_str());
-    std::printf("resume (newest checkpoint of the run dir; raise --epochs/--max-steps to train further):\n"
-                "  mpirun -np %d %s\n",
-                comm_.size(), shell_join(command).c_str());
+    std::printf(
+        "resume (newest checkpoint of the run dir; raise --epochs/--max-steps to train further):\n"
+        "  mpirun -np %d %s\n",
+        comm_.size(), shell_join(command).c_str());
     std::printf("inspect:\n  %s info %s\n", shell_join({(dir.empty() ? "" : dir + "/") + "h5ddp-ckpt"}).c_str(),
                 shell_join({ckpt}).c_str());
   }
@@ -460,6 +472,8 @@ class Trainer {
 
 }  // namespace
 
-TrainResult run_training(const TrainConfig& config, Comm& comm) { return Trainer(config, comm).run(); }
+TrainResult run_training(const TrainConfig& config, Comm& comm) {
+  return Trainer(config, comm).run();
+}
 
 }  // namespace h5ddp

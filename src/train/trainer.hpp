@@ -11,8 +11,8 @@
 namespace h5ddp {
 
 struct TrainResult {
-  int exit_code = 0;            // 0, stop_signal::kExitRequeue (75) or kExitInterrupted (130)
-  int64_t step = 0;             // optimizer steps completed (global)
+  int exit_code = 0;  // 0, stop_signal::kExitRequeue (75) or kExitInterrupted (130)
+  int64_t step = 0;   // optimizer steps completed (global)
   int64_t epoch = 0;
   std::string resumed_from;     // checkpoint loaded at start, empty for a fresh run
   std::string last_checkpoint;  // newest checkpoint written by this run (empty if none)

@@ -1,6 +1,8 @@
 // AsyncCheckpointer (issue 8): same bytes as a synchronous save, the snapshot is taken at start() (later
 // changes to the state do not leak into the file), buffers are reused, at most one save in flight, and a
 // background failure throws on every rank at the next poll()/wait().
+#include "checkpoint/async_checkpoint.hpp"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -9,7 +11,6 @@
 #include <thread>
 
 #include "checkpoint/checkpoint_fixture.hpp"
-#include "checkpoint/async_checkpoint.hpp"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
 #include "test_util.hpp"
@@ -89,7 +90,7 @@ TEST(AsyncCheckpoint, BuffersReusedAndOneSaveInFlight) {
   for (int i = 0; i < 4; ++i) {
     src.state.counters.step = 10 + i;
     async.start(src.state, dir, so);  // waits for the previous one: never two in flight
-    if (i % 2 == 0) continue;          // the next start() must wait for this one
+    if (i % 2 == 0) continue;         // the next start() must wait for this one
     // The trainer's pattern: poll while in flight. in_flight() must flip on every rank in the same poll,
     // or ranks would stop entering poll()'s allreduce at different steps (a hang, caught by the timeout).
     while (async.in_flight()) {

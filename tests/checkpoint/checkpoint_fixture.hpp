@@ -19,11 +19,16 @@ struct TensorSpec {
 };
 
 inline std::vector<TensorSpec> model_specs() {
-  return {{"conv1.weight", DType::kF32, {4, 1, 3, 3}}, {"conv1.bias", DType::kF32, {4}},
-          {"fc.weight", DType::kF64, {3, 5}},          {"bn.num_batches_tracked", DType::kI64, {}},
-          {"emb.weight", DType::kF16, {7, 2}},         {"lm.weight", DType::kBF16, {5, 3}},
-          {"mask", DType::kBool, {6}},                 {"empty", DType::kF32, {0, 3}},
-          {"big.weight", DType::kF32, {1000, 300}},     {"ids", DType::kI32, {9}}};
+  return {{"conv1.weight", DType::kF32, {4, 1, 3, 3}},
+          {"conv1.bias", DType::kF32, {4}},
+          {"fc.weight", DType::kF64, {3, 5}},
+          {"bn.num_batches_tracked", DType::kI64, {}},
+          {"emb.weight", DType::kF16, {7, 2}},
+          {"lm.weight", DType::kBF16, {5, 3}},
+          {"mask", DType::kBool, {6}},
+          {"empty", DType::kF32, {0, 3}},
+          {"big.weight", DType::kF32, {1000, 300}},
+          {"ids", DType::kI32, {9}}};
 }
 
 inline std::vector<TensorSpec> optimizer_specs() {
@@ -48,8 +53,8 @@ inline void fill_bytes(std::vector<uint8_t>& buf, const std::string& name, uint6
 class OwnedState {
  public:
   // filled = false: zeroed destinations with the same names/dtypes/shapes (a load target).
-  OwnedState(uint64_t seed, int rank, bool filled = true,
-             std::vector<TensorSpec> model = model_specs(), std::vector<TensorSpec> opt = optimizer_specs()) {
+  OwnedState(uint64_t seed, int rank, bool filled = true, std::vector<TensorSpec> model = model_specs(),
+             std::vector<TensorSpec> opt = optimizer_specs()) {
     for (const auto& s : model) state.model.push_back(make(s, seed, filled));
     for (const auto& s : opt) state.optimizer.state.push_back(make(s, seed, filled));
     if (!filled) return;

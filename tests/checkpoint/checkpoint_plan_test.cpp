@@ -5,8 +5,8 @@
 #include <map>
 
 #include "checkpoint/checkpoint_internal.hpp"
-#include "h5ddp/error.hpp"
 #include "checkpoint/format.hpp"
+#include "h5ddp/error.hpp"
 
 using namespace h5ddp;
 using ckpt::DatasetPlan;
@@ -21,7 +21,7 @@ DatasetPlan ds(std::vector<int64_t> shape, DType t = DType::kF32) {
 }
 
 std::vector<DatasetPlan> mixed() {
-  return {ds({1000, 64}), ds({}), ds({0, 3}), ds({7}, DType::kF64), ds({1, 4096}), ds({3, 5}, DType::kI8),
+  return {ds({1000, 64}),           ds({}), ds({0, 3}), ds({7}, DType::kF64), ds({1, 4096}), ds({3, 5}, DType::kI8),
           ds({250, 3}, DType::kF16)};
 }
 
@@ -82,7 +82,7 @@ TEST(SampleHash, SeesSampledBytesAndSizeButNotTheGaps) {
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i * 131 + 7);
   const uint64_t h = ckpt::sample_hash(a.data(), a.size());
   EXPECT_EQ(h, ckpt::sample_hash(a.data(), a.size()));
-  EXPECT_NE(h, ckpt::sample_hash(a.data(), a.size() - 1));  // the size is part of it
+  EXPECT_NE(h, ckpt::sample_hash(a.data(), a.size() - 1));                         // the size is part of it
   for (size_t at : {size_t{0}, a.size() - 1, (a.size() - 4096) / 15 * 7 + 100}) {  // first, last, block 7
     auto b = a;
     b[at] ^= 1;

@@ -1,6 +1,8 @@
 // Checkpoint save/load across world sizes, agreement, corruption, mismatches, retention and resume.
 // Run at 1, 2 and 4 ranks: pairs (N, M) with N, M <= world size run on sub-communicators of the first N
 // (save) and first M (load) ranks, so a file written by N ranks really is loaded by M.
+#include "h5ddp/checkpoint.hpp"
+
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
@@ -8,10 +10,9 @@
 #include <fstream>
 
 #include "checkpoint/checkpoint_fixture.hpp"
-#include "h5ddp/checkpoint.hpp"
-#include "h5ddp/error.hpp"
 #include "checkpoint/format.hpp"
 #include "h5/h5.hpp"
+#include "h5ddp/error.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
@@ -38,7 +39,9 @@ std::vector<std::string> files_in(const std::string& dir) {
   return out;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 // Rank 0 flips one byte in the middle of `dataset`'s stored data.
 void corrupt_dataset(const std::string& path, const std::string& dataset) {
@@ -120,8 +123,7 @@ TEST_P(SaveLoad, RoundTripsBitExactly) {
   world.barrier();
 }
 
-INSTANTIATE_TEST_SUITE_P(AllWorldSizes, SaveLoad,
-                         testing::Combine(testing::Values(1, 2, 4), testing::Values(1, 2, 4)),
+INSTANTIATE_TEST_SUITE_P(AllWorldSizes, SaveLoad, testing::Combine(testing::Values(1, 2, 4), testing::Values(1, 2, 4)),
                          [](const auto& info) {
                            return "save" + std::to_string(std::get<0>(info.param)) + "_load" +
                                   std::to_string(std::get<1>(info.param));
@@ -266,7 +268,8 @@ TEST(Checkpoint, DirectAndPageCacheLoadsRestoreTheSameBytes) {
     lo.direct_io = mode;
     load_checkpoint(world, path, dst.state, lo);
     EXPECT_TRUE(test::differing_tensors(s.state, dst.state).empty())
-        << "mode " << static_cast<int>(mode) << ": " << testing::PrintToString(test::differing_tensors(s.state, dst.state));
+        << "mode " << static_cast<int>(mode) << ": "
+        << testing::PrintToString(test::differing_tensors(s.state, dst.state));
   }
   corrupt_dataset(path, "/model/big.weight");
   OwnedState dst(11, world.rank(), false);
@@ -287,10 +290,10 @@ TEST(Checkpoint, MismatchedRefsListEveryDifferenceAtOnce) {
   OwnedState s(7, world.rank());
   const std::string path = save_checkpoint(world, s.state, dir).path;
   auto specs = test::model_specs();
-  specs.erase(specs.begin() + 1);                      // conv1.bias missing from the refs: extra in the file
-  specs.push_back({"head.bias", DType::kF32, {3}});    // not in the file
-  specs[0].shape = {4, 1, 3, 4};                       // conv1.weight: shape
-  specs[1].dtype = DType::kF32;                        // fc.weight: dtype (file has float64)
+  specs.erase(specs.begin() + 1);                    // conv1.bias missing from the refs: extra in the file
+  specs.push_back({"head.bias", DType::kF32, {3}});  // not in the file
+  specs[0].shape = {4, 1, 3, 4};                     // conv1.weight: shape
+  specs[1].dtype = DType::kF32;                      // fc.weight: dtype (file has float64)
   OwnedState dst(7, world.rank(), false, specs);
   try {
     load_checkpoint(world, path, dst.state);
@@ -320,8 +323,8 @@ TEST(Checkpoint, RetentionKeepsLastKAndEveryM) {
     s.state.counters.step = step;
     save_checkpoint(world, s.state, dir, opt);
   }
-  EXPECT_EQ(files_in(dir), (std::vector<std::string>{"ckpt-00000003.h5", "ckpt-00000006.h5", "ckpt-00000007.h5",
-                                                      "latest"}));
+  EXPECT_EQ(files_in(dir),
+            (std::vector<std::string>{"ckpt-00000003.h5", "ckpt-00000006.h5", "ckpt-00000007.h5", "latest"}));
   std::ifstream in(dir + "/latest");
   std::string latest;
   std::getline(in, latest);
@@ -351,8 +354,8 @@ TEST(Checkpoint, ResumeFallsBackWhenLatestIsMissingOrCorrupt) {
   EXPECT_EQ(find_resume_checkpoint(world, dir), paths[2]);
   corrupt_dataset(paths[2], "/model/conv1.weight");
   if (world.rank() == 0) {
-    fs::remove(paths[1]);                                          // an older one is gone too
-    std::ofstream(dir + "/ckpt-00000040.h5.partial") << "torn";    // never a checkpoint
+    fs::remove(paths[1]);                                        // an older one is gone too
+    std::ofstream(dir + "/ckpt-00000040.h5.partial") << "torn";  // never a checkpoint
   }
   world.barrier();
   EXPECT_EQ(find_resume_checkpoint(world, dir), paths[0]);

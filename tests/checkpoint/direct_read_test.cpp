@@ -2,8 +2,9 @@
 // consume() sees every extent's bytes in order, a file that ends early is an error naming the file and the
 // extent, and a file system that refuses O_DIRECT gets the same bytes through the page cache. Checkpoint-level
 // loads with direct reads on and off are compared in checkpoint_test.
-#include <gtest/gtest.h>
+#include "checkpoint/direct_read.hpp"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -11,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include "checkpoint/direct_read.hpp"
 #include "h5ddp/error.hpp"
 #include "test_util.hpp"
 

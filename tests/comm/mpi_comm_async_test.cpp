@@ -81,9 +81,12 @@ INSTANTIATE_TEST_SUITE_P(Mpi, AsyncModes,
                                          MpiComm::AsyncMode::kProgress),
                          [](const auto& info) {
                            switch (info.param) {
-                             case MpiComm::AsyncMode::kNonBlocking: return std::string("nonblocking");
-                             case MpiComm::AsyncMode::kThread: return std::string("thread");
-                             default: return std::string("progress");
+                             case MpiComm::AsyncMode::kNonBlocking:
+                               return std::string("nonblocking");
+                             case MpiComm::AsyncMode::kThread:
+                               return std::string("thread");
+                             default:
+                               return std::string("progress");
                            }
                          });
 
@@ -95,8 +98,10 @@ TEST(MpiCommAsync, DefaultModeIsRankZerosEverywhere) {
   const std::string keep = saved ? saved : "";
   setenv("H5DDP_MPI_ASYNC", r0 == 0 ? "thread" : "progress", 1);
   auto comm = MpiComm::dup(MPI_COMM_WORLD);
-  if (saved) setenv("H5DDP_MPI_ASYNC", keep.c_str(), 1);
-  else unsetenv("H5DDP_MPI_ASYNC");
+  if (saved)
+    setenv("H5DDP_MPI_ASYNC", keep.c_str(), 1);
+  else
+    unsetenv("H5DDP_MPI_ASYNC");
   EXPECT_EQ(comm->async_mode(), MpiComm::AsyncMode::kThread);
   int mode = static_cast<int>(comm->async_mode());
   int lo = mode, hi = mode;
@@ -112,15 +117,17 @@ TEST(MpiCommAsync, DefaultModeByCoresPerRank) {
   unsetenv("H5DDP_MPI_ASYNC");
   EXPECT_EQ(MpiComm::default_async_mode(2, 2), M::kProgress);  // one core per rank: no core to spin on
   EXPECT_EQ(MpiComm::default_async_mode(2, 3), M::kProgress);
-  EXPECT_EQ(MpiComm::default_async_mode(2, 4), M::kThread);    // a spare core per rank
-  EXPECT_EQ(MpiComm::default_async_mode(4, 2), M::kThread);    // oversubscribed
+  EXPECT_EQ(MpiComm::default_async_mode(2, 4), M::kThread);  // a spare core per rank
+  EXPECT_EQ(MpiComm::default_async_mode(4, 2), M::kThread);  // oversubscribed
   EXPECT_EQ(MpiComm::default_async_mode(1, 1), M::kProgress);
   setenv("H5DDP_MPI_ASYNC", "nonblocking", 1);
   EXPECT_EQ(MpiComm::default_async_mode(4, 2), M::kNonBlocking);
   setenv("H5DDP_MPI_ASYNC", "sideways", 1);
   EXPECT_THROW(MpiComm::default_async_mode(4, 2), ConfigError);
-  if (saved) setenv("H5DDP_MPI_ASYNC", keep.c_str(), 1);
-  else unsetenv("H5DDP_MPI_ASYNC");
+  if (saved)
+    setenv("H5DDP_MPI_ASYNC", keep.c_str(), 1);
+  else
+    unsetenv("H5DDP_MPI_ASYNC");
 }
 
 }  // namespace

@@ -1,13 +1,13 @@
 // NcclComm on cudaMalloc'd buffers (label gpu: needs one GPU per rank, or ranks sharing one GPU).
-#include <gtest/gtest.h>
+#include "h5ddp/nccl_comm.hpp"
 
 #include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include <numeric>
 #include <vector>
 
 #include "h5ddp/error.hpp"
-#include "h5ddp/nccl_comm.hpp"
 #include "test_util.hpp"
 
 namespace h5ddp {
@@ -31,7 +31,9 @@ NcclComm& nccl() {
 struct DeviceBuffer {
   explicit DeviceBuffer(size_t n) : n(n) { H5DDP_CHECK_CUDA(cudaMalloc(&p, n * sizeof(float))); }
   ~DeviceBuffer() { cudaFree(p); }
-  void put(const std::vector<float>& v) { H5DDP_CHECK_CUDA(cudaMemcpy(p, v.data(), n * sizeof(float), cudaMemcpyHostToDevice)); }
+  void put(const std::vector<float>& v) {
+    H5DDP_CHECK_CUDA(cudaMemcpy(p, v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  }
   std::vector<float> get() const {
     std::vector<float> v(n);
     H5DDP_CHECK_CUDA(cudaDeviceSynchronize());

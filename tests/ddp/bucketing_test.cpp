@@ -1,10 +1,10 @@
 // assign_buckets is pure: these tests need no communication (they run as a 1-rank MPI test binary).
+#include "h5ddp/bucketing.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <set>
-
-#include "h5ddp/bucketing.hpp"
 
 namespace h5ddp {
 namespace {
@@ -93,8 +93,8 @@ TEST(Bucketing, DefaultsAndEdgeCases) {
   auto z = assign_buckets({0, 0, 4}, {0, 0, 0});
   expect_each_index_once(z, 3);
   // A 50M-parameter float32 MLP layout: 64 MiB weights exceed the cap and stand alone.
-  std::vector<size_t> mlp = {784 * 4096 * 4, 4096 * 4, 4096 * 4096 * 4, 4096 * 4, 4096 * 4096 * 4, 4096 * 4,
-                             4096 * 10 * 4, 10 * 4};
+  std::vector<size_t> mlp = {784 * 4096 * 4,  4096 * 4, 4096 * 4096 * 4, 4096 * 4,
+                             4096 * 4096 * 4, 4096 * 4, 4096 * 10 * 4,   10 * 4};
   auto m = assign_buckets(mlp, std::vector<int>(mlp.size(), 0));
   expect_each_index_once(m, mlp.size());
   EXPECT_LE(m.front().bytes, kFirstBucketBytes);

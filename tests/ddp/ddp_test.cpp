@@ -1,13 +1,14 @@
 // DistributedDataParallel: N ranks with per-rank batch b must train exactly like 1 rank with batch N*b.
 // Every rank computes the 1-rank reference locally (a copy of the model, the full batch), so the test needs
 // no other process and compares with a tolerance; parameters must also be bitwise identical across ranks.
+#include "h5ddp/ddp.hpp"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <cstring>
 
-#include "h5ddp/ddp.hpp"
 #include "h5ddp/error.hpp"
 #include "test_util.hpp"
 
@@ -117,12 +118,18 @@ DdpOptions small_buckets() {
   return o;
 }
 
-TEST(Ddp, SgdMomentumMatchesLargeBatch) { run_equivalence(Opt::kSgdMomentum, small_buckets(), torch::kFloat32, 1e-5); }
-TEST(Ddp, AdamMatchesLargeBatch) { run_equivalence(Opt::kAdam, small_buckets(), torch::kFloat32, 1e-5); }
+TEST(Ddp, SgdMomentumMatchesLargeBatch) {
+  run_equivalence(Opt::kSgdMomentum, small_buckets(), torch::kFloat32, 1e-5);
+}
+TEST(Ddp, AdamMatchesLargeBatch) {
+  run_equivalence(Opt::kAdam, small_buckets(), torch::kFloat32, 1e-5);
+}
 TEST(Ddp, SgdMomentumMatchesLargeBatchFloat64) {
   run_equivalence(Opt::kSgdMomentum, DdpOptions{}, torch::kFloat64, 1e-6);
 }
-TEST(Ddp, AdamMatchesLargeBatchFloat64) { run_equivalence(Opt::kAdam, small_buckets(), torch::kFloat64, 1e-6); }
+TEST(Ddp, AdamMatchesLargeBatchFloat64) {
+  run_equivalence(Opt::kAdam, small_buckets(), torch::kFloat64, 1e-6);
+}
 
 TEST(Ddp, BucketsLaunchDuringBackward) {
   auto& comm = test::world();
@@ -168,7 +175,9 @@ TEST(Ddp, NoSyncAccumulationEqualsLargeBatch) {
   copy_params(*model, *ref);
   for (int step = 0; step < 2; ++step) {  // twice: the second step accumulates into bucket views
     auto [x, y] = full_batch(step, n * b * micro, torch::kFloat64);
-    auto chunk = [&](int64_t k, int rank) { return std::make_pair(x.narrow(0, (k * n + rank) * b, b), y.narrow(0, (k * n + rank) * b, b)); };
+    auto chunk = [&](int64_t k, int rank) {
+      return std::make_pair(x.narrow(0, (k * n + rank) * b, b), y.narrow(0, (k * n + rank) * b, b));
+    };
     for (int64_t k = 0; k < micro; ++k) {
       auto [cx, cy] = chunk(k, r);
       if (k + 1 < micro) {

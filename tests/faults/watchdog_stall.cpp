@@ -8,9 +8,9 @@
 #include <string>
 #include <thread>
 
+#include "core/watchdog.hpp"
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/mpi_env.hpp"
-#include "core/watchdog.hpp"
 
 int main(int argc, char** argv) {
   double watchdog_seconds = 2, stall_seconds = 60;
@@ -18,12 +18,20 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const double v = std::atof(argv[i + 1]);
-    if (k == "--watchdog-seconds") watchdog_seconds = v;
-    else if (k == "--stall-seconds") stall_seconds = v;
-    else if (k == "--stall-rank") stall_rank = static_cast<int>(v);
-    else if (k == "--stall-step") stall_step = static_cast<int>(v);
-    else if (k == "--steps") steps = static_cast<int>(v);
-    else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); return 2; }
+    if (k == "--watchdog-seconds")
+      watchdog_seconds = v;
+    else if (k == "--stall-seconds")
+      stall_seconds = v;
+    else if (k == "--stall-rank")
+      stall_rank = static_cast<int>(v);
+    else if (k == "--stall-step")
+      stall_step = static_cast<int>(v);
+    else if (k == "--steps")
+      steps = static_cast<int>(v);
+    else {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
   }
   try {
     h5ddp::MpiEnv env(&argc, &argv);

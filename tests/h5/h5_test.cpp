@@ -1,11 +1,12 @@
 // The h5 layer: error stack in exceptions, quiet errors, attributes, path checks, types.
+#include "h5/h5.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <fstream>
 
 #include "h5ddp/error.hpp"
-#include "h5/h5.hpp"
 #include "test_util.hpp"
 
 using namespace h5ddp;
@@ -23,7 +24,7 @@ TEST(H5, ErrorsCarryTheHdf5StackAndTheExpression) {
   } catch (const H5Error& e) {
     const std::string w = e.what();
     EXPECT_NE(w.find("H5Fopen"), std::string::npos) << w;
-    EXPECT_NE(w.find("HDF5 #"), std::string::npos) << w;      // the walked error stack
+    EXPECT_NE(w.find("HDF5 #"), std::string::npos) << w;       // the walked error stack
     EXPECT_NE(w.find("h5_test.cpp"), std::string::npos) << w;  // where it was raised
   }
 }

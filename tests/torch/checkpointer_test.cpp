@@ -1,5 +1,7 @@
 // Checkpointer (issue 19): resume restores everything or nothing, tracked user state, optimizer type deduced,
 // versions filled, triggers and an agreed stop signal. Runs at 1 and 2 ranks.
+#include "h5ddp/checkpointer.hpp"
+
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <torch/torch.h>
@@ -8,9 +10,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "h5ddp/checkpointer.hpp"
-#include "h5ddp/error.hpp"
 #include "h5/h5.hpp"
+#include "h5ddp/error.hpp"
 #include "h5ddp/stop_signal.hpp"
 #include "test_util.hpp"
 
@@ -32,8 +33,10 @@ struct Trained {
   explicit Trained(const std::string& dir, const std::string& opt = "adam", CheckpointerOptions o = {}) {
     torch::manual_seed(1);
     net = std::make_shared<Net>();
-    if (opt == "sgd") optimizer = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-    else optimizer = std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-2));
+    if (opt == "sgd")
+      optimizer = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    else
+      optimizer = std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-2));
     o.run_dir = dir;
     o.fsync = false;
     ckpt = std::make_unique<Checkpointer>(test::world(), *net, *optimizer, o);

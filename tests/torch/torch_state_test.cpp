@@ -1,22 +1,23 @@
 // TorchStateBinding: views into the model and optimizer, import into a fresh model/optimizer, and
 // continuation that is bitwise identical to never having stopped (no checkpoint file involved).
+#include "torch/torch_state.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
-
 #include <filesystem>
 
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
-#include "train/models.hpp"
-#include "torch/torch_state.hpp"
 #include "test_util.hpp"
+#include "train/models.hpp"
 
 namespace h5ddp {
 namespace {
 
 std::unique_ptr<torch::optim::Optimizer> make_opt(const std::string& type, Model& m) {
-  if (type == "sgd") return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  if (type == "sgd")
+    return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   if (type == "adamw") return std::make_unique<torch::optim::AdamW>(m.parameters(), torch::optim::AdamWOptions(1e-3));
   return std::make_unique<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(1e-3));
 }

@@ -1,11 +1,12 @@
 // The IDX reader against the real Fashion-MNIST files and against damaged copies of them.
+#include "train/data.hpp"
+
 #include <gtest/gtest.h>
 #include <zlib.h>
 
 #include <cmath>
 #include <fstream>
 
-#include "train/data.hpp"
 #include "h5ddp/error.hpp"
 #include "test_util.hpp"
 

@@ -1,5 +1,7 @@
 // The distributed sampler: a fixed, platform-independent shuffle; the same global batches at every world
 // size; every sample once per epoch; resume from a position continues exactly.
+#include "h5ddp/sampler.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,7 +9,6 @@
 #include <set>
 
 #include "h5ddp/error.hpp"
-#include "h5ddp/sampler.hpp"
 
 namespace h5ddp {
 namespace {
@@ -50,8 +51,10 @@ TEST(Sampler, EverySampleOncePerEpochAndTheSameGlobalBatchesAtAnyWorldSize) {
           global.insert(global.end(), local.begin(), local.end());
         }
         EXPECT_EQ(global, ranks[0].global_indices(epoch, pos));
-        if (world == 1) reference.push_back(global);
-        else EXPECT_EQ(global, reference.at(step)) << "world " << world << " step " << step;
+        if (world == 1)
+          reference.push_back(global);
+        else
+          EXPECT_EQ(global, reference.at(step)) << "world " << world << " step " << step;
         seen.insert(global.begin(), global.end());
       }
       EXPECT_EQ(step, 25);

@@ -33,37 +33,50 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 struct Options {
   size_t state_mib = 1024;
   int tensors = 64;
   int reps = 3;
   int steps = 300;
-  int every = 100;            // K: checkpoint every K steps in the throughput runs
-  int rounds = 1;             // repetitions of (none, sync, async), order rotated
-  size_t work_kib = 2048;     // floats updated per step (KiB of state touched)
-  int work_passes = 8;        // arithmetic passes over that slice per step
+  int every = 100;         // K: checkpoint every K steps in the throughput runs
+  int rounds = 1;          // repetitions of (none, sync, async), order rotated
+  size_t work_kib = 2048;  // floats updated per step (KiB of state touched)
+  int work_passes = 8;     // arithmetic passes over that slice per step
   std::string dir = "/tmp/h5ddp-bench-async";
   bool fsync = true;
-  bool floor = false;         // also run the plain background writer (section 4)
+  bool floor = false;  // also run the plain background writer (section 4)
 };
 
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--state-mib") o.state_mib = std::stoul(v);
-    else if (k == "--tensors") o.tensors = std::stoi(v);
-    else if (k == "--reps") o.reps = std::stoi(v);
-    else if (k == "--steps") o.steps = std::stoi(v);
-    else if (k == "--every") o.every = std::stoi(v);
-    else if (k == "--rounds") o.rounds = std::max(1, std::stoi(v));
-    else if (k == "--work-kib") o.work_kib = std::stoul(v);
-    else if (k == "--work-passes") o.work_passes = std::stoi(v);
-    else if (k == "--dir") o.dir = v;
-    else if (k == "--fsync") o.fsync = v != "0";
-    else if (k == "--floor") o.floor = v != "0";
+    if (k == "--state-mib")
+      o.state_mib = std::stoul(v);
+    else if (k == "--tensors")
+      o.tensors = std::stoi(v);
+    else if (k == "--reps")
+      o.reps = std::stoi(v);
+    else if (k == "--steps")
+      o.steps = std::stoi(v);
+    else if (k == "--every")
+      o.every = std::stoi(v);
+    else if (k == "--rounds")
+      o.rounds = std::max(1, std::stoi(v));
+    else if (k == "--work-kib")
+      o.work_kib = std::stoul(v);
+    else if (k == "--work-passes")
+      o.work_passes = std::stoi(v);
+    else if (k == "--dir")
+      o.dir = v;
+    else if (k == "--fsync")
+      o.fsync = v != "0";
+    else if (k == "--floor")
+      o.floor = v != "0";
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       std::exit(2);
@@ -219,14 +232,18 @@ int main(int argc, char** argv) {
     if (root) {
       std::printf("\n### Save: %zu MiB of state, %d ranks, fsync %s (median of %d, slowest rank)\n\n", o.state_mib,
                   comm->size(), o.fsync ? "on" : "off", o.reps);
-      std::printf("| sync save (s) | async: blocked (s) | of which copy (s) | async: start to committed (s) | blocked / sync |\n");
+      std::printf(
+          "| sync save (s) | async: blocked (s) | of which copy (s) | async: start to committed (s) | blocked / sync "
+          "|\n");
       std::printf("|---:|---:|---:|---:|---:|\n");
       std::printf("| %.3f | %.3f | %.3f | %.3f | %.1f%% |\n", reduce[0], reduce[1], reduce[2], reduce[3],
                   100.0 * reduce[1] / reduce[0]);
-      std::printf("\nfirst async save (allocates and first-touches the host buffers, not in the table): blocked "
-                  "%.3f s, committed after %.3f s\n", first_blocked, first_total);
-      std::printf("host buffer allocations over %d async saves: %d (%zu MiB)\n", o.reps + 1,
-                  async.buffer_allocations(), async.buffer_bytes() >> 20);
+      std::printf(
+          "\nfirst async save (allocates and first-touches the host buffers, not in the table): blocked "
+          "%.3f s, committed after %.3f s\n",
+          first_blocked, first_total);
+      std::printf("host buffer allocations over %d async saves: %d (%zu MiB)\n", o.reps + 1, async.buffer_allocations(),
+                  async.buffer_bytes() >> 20);
       std::fflush(stdout);
     }
 
@@ -242,9 +259,12 @@ int main(int argc, char** argv) {
         if (mode == 2 && async.in_flight()) async.poll();
         if (mode != 0 && i % o.every == o.every / 2) {
           const auto tb = Clock::now();
-          if (mode == 1) h5ddp::save_checkpoint(*comm, s.ts, o.dir, so);
-          else if (mode == 2) async.start(s.ts, o.dir, so);
-          else plain.start(s, comm->rank(), comm->size(), o.fsync);
+          if (mode == 1)
+            h5ddp::save_checkpoint(*comm, s.ts, o.dir, so);
+          else if (mode == 2)
+            async.start(s.ts, o.dir, so);
+          else
+            plain.start(s, comm->rank(), comm->size(), o.fsync);
           blocked += since(tb);
         }
       }
@@ -273,8 +293,10 @@ int main(int argc, char** argv) {
     const auto none = med(0), sync = med(1), asy = med(2), floor = med(3);
     if (root) {
       const double step_s = none.first / o.steps;
-      std::printf("\n### Throughput: %d steps of %.1f ms, checkpoint every %d steps (every %.1f s without checkpoints), "
-                  "median of %d rounds\n\n", o.steps, 1000 * step_s, o.every, step_s * o.every, o.rounds);
+      std::printf(
+          "\n### Throughput: %d steps of %.1f ms, checkpoint every %d steps (every %.1f s without checkpoints), "
+          "median of %d rounds\n\n",
+          o.steps, 1000 * step_s, o.every, step_s * o.every, o.rounds);
       std::printf("| checkpoints | wall (s) | steps/s | vs none | blocked in saves (s) |\n|---|---:|---:|---:|---:|\n");
       auto row = [&](const char* name, std::pair<double, double> x) {
         std::printf("| %s | %.2f | %.2f | %.1f%% | %.2f |\n", name, x.first, o.steps / x.first,

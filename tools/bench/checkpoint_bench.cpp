@@ -64,7 +64,9 @@ long status_kib(const char* key) {
   return 0;
 }
 
-void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+void reset_peak_rss() {
+  std::ofstream("/proc/self/clear_refs") << "5";
+}
 
 void evict(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
@@ -107,8 +109,8 @@ class Bench {
     for (int i = 0; i < o.tensors; ++i) {
       const std::string param = "layers." + std::to_string(i % layers) + ".weight";
       const char* keys[] = {"", "/exp_avg", "/exp_avg_sq"};
-      TensorRef t{param + keys[i / layers], DType::kF32, {static_cast<int64_t>(per / 4096), 1024},
-                  arena_.get() + i * per};
+      TensorRef t{
+          param + keys[i / layers], DType::kF32, {static_cast<int64_t>(per / 4096), 1024}, arena_.get() + i * per};
       if (i < layers) {
         state_.model.push_back(t);
         group.params.push_back(param);
@@ -201,10 +203,11 @@ class Bench {
     int64_t extra = status_kib("VmHWM:") - base;
     comm_.allreduce(&extra, 1, DType::kI64, ReduceOp::kMax);
     if (comm_.rank() == 0)
-      std::printf("RESULT gib=%.2f ranks=%d fsync=%d op=%s method=%s seconds=%.3f gbps=%.3f extra_rss_mib=%.1f "
-                  "extra_rss_pct=%.1f\n",
-                  bytes_ / double(1ull << 30), comm_.size(), o_.fsync ? 1 : 0, op, method, s, bytes_ / s / 1e9,
-                  extra / 1024.0, 100.0 * extra * 1024.0 / bytes_);
+      std::printf(
+          "RESULT gib=%.2f ranks=%d fsync=%d op=%s method=%s seconds=%.3f gbps=%.3f extra_rss_mib=%.1f "
+          "extra_rss_pct=%.1f\n",
+          bytes_ / double(1ull << 30), comm_.size(), o_.fsync ? 1 : 0, op, method, s, bytes_ / s / 1e9, extra / 1024.0,
+          100.0 * extra * 1024.0 / bytes_);
     std::fflush(stdout);
   }
 
@@ -230,7 +233,8 @@ class Bench {
                                   write ? (MPI_MODE_CREATE | MPI_MODE_WRONLY) : MPI_MODE_RDONLY, MPI_INFO_NULL, &fh));
     const auto [b, e] = share(comm_.rank());
     size_t rounds = 0;  // the same on every rank: enough for the largest share
-    for (int k = 0; k < comm_.size(); ++k) rounds = std::max(rounds, (share(k).second - share(k).first + kChunk) / kChunk);
+    for (int k = 0; k < comm_.size(); ++k)
+      rounds = std::max(rounds, (share(k).second - share(k).first + kChunk) / kChunk);
     for (size_t i = 0; i < rounds; ++i) {
       const size_t off = std::min(e, b + i * kChunk), len = std::min(kChunk, e - off);
       if (write)
@@ -330,17 +334,28 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--gib") o.gib = std::stod(v);
-    else if (k == "--dir") o.dir = v;
-    else if (k == "--fsync") o.fsync = v == "1";
-    else if (k == "--load") o.load = v == "1";
-    else if (k == "--folk-load") o.folk_load_all = v == "all";
-    else if (k == "--methods") o.methods = v;
-    else if (k == "--verify") o.verify = v == "1";
-    else if (k == "--settle") o.settle = std::stod(v);
-    else if (k == "--reps") o.reps = std::max(1, std::stoi(v));
-    else if (k == "--tensors") o.tensors = std::max(3, std::stoi(v) / 3 * 3);
-    else throw ConfigError("unknown option " + k);
+    if (k == "--gib")
+      o.gib = std::stod(v);
+    else if (k == "--dir")
+      o.dir = v;
+    else if (k == "--fsync")
+      o.fsync = v == "1";
+    else if (k == "--load")
+      o.load = v == "1";
+    else if (k == "--folk-load")
+      o.folk_load_all = v == "all";
+    else if (k == "--methods")
+      o.methods = v;
+    else if (k == "--verify")
+      o.verify = v == "1";
+    else if (k == "--settle")
+      o.settle = std::stod(v);
+    else if (k == "--reps")
+      o.reps = std::max(1, std::stoi(v));
+    else if (k == "--tensors")
+      o.tensors = std::max(3, std::stoi(v) / 3 * 3);
+    else
+      throw ConfigError("unknown option " + k);
   }
   return o;
 }

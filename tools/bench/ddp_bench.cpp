@@ -79,20 +79,30 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw ConfigError("missing value after " + a);
       return argv[++i];
     };
-    if (a == "--model") o.model = next();
-    else if (a == "--hidden") o.hidden = std::stoll(next());
-    else if (a == "--layers") o.layers = std::stoi(next());
-    else if (a == "--batch") o.batch = std::stoll(next());
-    else if (a == "--steps") o.steps = std::stoi(next());
-    else if (a == "--warmup") o.warmup = std::stoi(next());
-    else if (a == "--bucket-cap-mb") o.bucket_cap_mb = std::stoul(next());
-    else throw ConfigError("unknown option " + a + " (see the comment at the top of ddp_bench.cpp)");
+    if (a == "--model")
+      o.model = next();
+    else if (a == "--hidden")
+      o.hidden = std::stoll(next());
+    else if (a == "--layers")
+      o.layers = std::stoi(next());
+    else if (a == "--batch")
+      o.batch = std::stoll(next());
+    else if (a == "--steps")
+      o.steps = std::stoi(next());
+    else if (a == "--warmup")
+      o.warmup = std::stoi(next());
+    else if (a == "--bucket-cap-mb")
+      o.bucket_cap_mb = std::stoul(next());
+    else
+      throw ConfigError("unknown option " + a + " (see the comment at the top of ddp_bench.cpp)");
   }
   if (o.model != "cnn" && o.model != "mlp") throw ConfigError("--model must be cnn or mlp");
   return o;
 }
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 // A barrier that sleeps instead of spinning (Open MPI's MPI_Barrier busy-polls): a rank that finishes
 // early must not take CPU from the ranks still computing on an oversubscribed machine. gloo's barrier,
@@ -177,10 +187,10 @@ int run(const Options& o, MpiEnv& env) {
   });
   if (phases) {
     const double n = o.warmup + o.steps;
-    std::fprintf(stderr,
-                 "PHASES rank=%d local: fwd=%.1f bwd=%.1f step=%.1f | ddp: fwd=%.1f bwd=%.1f finish=%.1f step=%.1f ms\n",
-                 env.rank(), 1e3 * ph[0][0] / n, 1e3 * ph[0][1] / n, 1e3 * ph[0][3] / n, 1e3 * ph[1][0] / n,
-                 1e3 * ph[1][1] / n, 1e3 * ph[1][2] / n, 1e3 * ph[1][3] / n);
+    std::fprintf(
+        stderr, "PHASES rank=%d local: fwd=%.1f bwd=%.1f step=%.1f | ddp: fwd=%.1f bwd=%.1f finish=%.1f step=%.1f ms\n",
+        env.rank(), 1e3 * ph[0][0] / n, 1e3 * ph[0][1] / n, 1e3 * ph[0][3] / n, 1e3 * ph[1][0] / n, 1e3 * ph[1][1] / n,
+        1e3 * ph[1][2] / n, 1e3 * ph[1][3] / n);
   }
   const auto st = ddp.stats();
 

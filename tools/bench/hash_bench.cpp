@@ -24,10 +24,14 @@ int main(int argc, char** argv) {
   int reps = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--gib") gib = std::stod(v);
-    else if (k == "--piece-kib") piece = std::stoul(v) << 10;
-    else if (k == "--reps") reps = std::max(1, std::stoi(v));
-    else return std::fprintf(stderr, "unknown option %s\n", k.c_str()), 2;
+    if (k == "--gib")
+      gib = std::stod(v);
+    else if (k == "--piece-kib")
+      piece = std::stoul(v) << 10;
+    else if (k == "--reps")
+      reps = std::max(1, std::stoi(v));
+    else
+      return std::fprintf(stderr, "unknown option %s\n", k.c_str()), 2;
   }
   const size_t n = static_cast<size_t>(gib * (1ull << 30)) / piece * piece;
   std::vector<uint8_t> src(n), dst(n);

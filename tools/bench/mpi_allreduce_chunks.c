@@ -28,12 +28,15 @@ int main(int argc, char** argv) {
         const size_t off = k * chunk;
         const int count = (int)(off + chunk > n ? n - off : chunk);
         const void* send = (mode % 2 == 0) ? MPI_IN_PLACE : (const void*)(b + off);
-        if (mode < 2) MPI_Allreduce(send, a + off, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-        else MPI_Iallreduce(send, a + off, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &reqs[k]);
+        if (mode < 2)
+          MPI_Allreduce(send, a + off, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        else
+          MPI_Iallreduce(send, a + off, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &reqs[k]);
       }
       if (mode >= 2) MPI_Waitall((int)calls, reqs, MPI_STATUSES_IGNORE);
       MPI_Barrier(MPI_COMM_WORLD);
-      if (rank == 0) printf("ranks=%d chunk_mib=%zu rep=%d %s %.3f s\n", size, chunk_mib, rep, names[mode], MPI_Wtime() - t0);
+      if (rank == 0)
+        printf("ranks=%d chunk_mib=%zu rep=%d %s %.3f s\n", size, chunk_mib, rep, names[mode], MPI_Wtime() - t0);
     }
   }
   free(a);

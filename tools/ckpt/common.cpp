@@ -28,7 +28,10 @@ float half_to_float(uint16_t h) {
   } else {  // subnormal half: renormalise
     int e = -1;
     uint32_t m = mant;
-    do { ++e; m <<= 1; } while (!(m & 0x400u));
+    do {
+      ++e;
+      m <<= 1;
+    } while (!(m & 0x400u));
     bits = sign | ((112 - e) << 23) | ((m & 0x3ffu) << 13);
   }
   float f;
@@ -45,8 +48,10 @@ double load(const uint8_t* p, size_t i) {
 
 double element_as_double(const uint8_t* p, DType dtype, size_t i) {
   switch (dtype) {
-    case DType::kF32: return load<float>(p, i);
-    case DType::kF64: return load<double>(p, i);
+    case DType::kF32:
+      return load<float>(p, i);
+    case DType::kF64:
+      return load<double>(p, i);
     case DType::kF16: {
       uint16_t h;
       std::memcpy(&h, p + 2 * i, 2);
@@ -60,12 +65,19 @@ double element_as_double(const uint8_t* p, DType dtype, size_t i) {
       std::memcpy(&f, &bits, 4);
       return f;
     }
-    case DType::kI64: return load<int64_t>(p, i);
-    case DType::kI32: return load<int32_t>(p, i);
-    case DType::kI16: return load<int16_t>(p, i);
-    case DType::kI8: return load<int8_t>(p, i);
-    case DType::kU8: case DType::kBool: return load<uint8_t>(p, i);
-    case DType::kU64: return load<uint64_t>(p, i);
+    case DType::kI64:
+      return load<int64_t>(p, i);
+    case DType::kI32:
+      return load<int32_t>(p, i);
+    case DType::kI16:
+      return load<int16_t>(p, i);
+    case DType::kI8:
+      return load<int8_t>(p, i);
+    case DType::kU8:
+    case DType::kBool:
+      return load<uint8_t>(p, i);
+    case DType::kU64:
+      return load<uint64_t>(p, i);
   }
   return 0;
 }

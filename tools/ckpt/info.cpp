@@ -26,8 +26,8 @@ int run_info(const Args& args) {
   std::printf("world size      %d (at save)\n", m.world_size);
   std::printf("written by      h5ddp %s, LibTorch %s, at %s\n", m.h5ddp_version.c_str(), m.torch_version.c_str(),
               m.created.c_str());
-  std::printf("optimizer       %s, %zu param group(s)\n", m.optimizer_type.empty() ? "(none)" : m.optimizer_type.c_str(),
-              m.param_groups.size());
+  std::printf("optimizer       %s, %zu param group(s)\n",
+              m.optimizer_type.empty() ? "(none)" : m.optimizer_type.c_str(), m.param_groups.size());
   for (size_t g = 0; g < m.param_groups.size(); ++g) {
     std::printf("  group %zu:     %zu params;", g, m.param_groups[g].params.size());
     for (const auto& [k, v] : m.param_groups[g].hyper) std::printf(" %s=%g", k.c_str(), v);

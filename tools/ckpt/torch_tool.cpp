@@ -29,8 +29,14 @@ int exec_torch_tool(const char* command, const Args& args) {
 
 }  // namespace
 
-int run_export(const Args& args) { return exec_torch_tool("export", args); }
-int run_import(const Args& args) { return exec_torch_tool("import", args); }
-int run_eval(const Args& args) { return exec_torch_tool("eval", args); }
+int run_export(const Args& args) {
+  return exec_torch_tool("export", args);
+}
+int run_import(const Args& args) {
+  return exec_torch_tool("import", args);
+}
+int run_eval(const Args& args) {
+  return exec_torch_tool("eval", args);
+}
 
 }  // namespace h5ddp::ckpt_tool

@@ -4,20 +4,20 @@
 #include <torch/version.h>
 
 #include <algorithm>
-#include <exception>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 
-#include "train/data.hpp"
-#include "h5ddp/error.hpp"
 #include "checkpoint/format.hpp"
-#include "train/models.hpp"
+#include "h5ddp/error.hpp"
 #include "torch/torch_state.hpp"
 #include "torch_pickle.hpp"
+#include "train/data.hpp"
+#include "train/models.hpp"
 
 namespace h5ddp::interop {
 namespace {
@@ -26,7 +26,9 @@ namespace fs = std::filesystem;
 using c10::IValue;
 using GenericDict = c10::impl::GenericDict;
 
-GenericDict str_dict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+GenericDict str_dict() {
+  return GenericDict(c10::StringType::get(), c10::AnyType::get());
+}
 
 std::string shape_string(c10::IntArrayRef s) {
   std::string out = "[";
@@ -41,8 +43,8 @@ torch::Tensor allocate(const std::string& path, const TensorInfo& t) {
 
 // Hyperparameters PyTorch keeps as bool (h5ddp stores every hyperparameter as float64).
 bool is_bool_hyper(const std::string& k) {
-  static const std::set<std::string> kBools = {"amsgrad", "nesterov", "maximize", "capturable", "differentiable",
-                                               "fused", "foreach"};
+  static const std::set<std::string> kBools = {"amsgrad",        "nesterov", "maximize", "capturable",
+                                               "differentiable", "fused",    "foreach"};
   return kBools.count(k) > 0;
 }
 
@@ -71,8 +73,10 @@ IValue optimizer_state_dict(const LoadedCheckpoint& ck) {
     GenericDict d = str_dict();
     for (const auto& [k, v] : g.hyper) {
       if (k == "betas0" || k == "betas1") continue;
-      if (is_bool_hyper(k)) d.insert(k, v != 0.0);
-      else d.insert(k, v);
+      if (is_bool_hyper(k))
+        d.insert(k, v != 0.0);
+      else
+        d.insert(k, v);
     }
     if (g.hyper.count("betas0") && g.hyper.count("betas1"))
       d.insert("betas", c10::ivalue::Tuple::create({IValue(g.hyper.at("betas0")), IValue(g.hyper.at("betas1"))}));
@@ -140,7 +144,8 @@ void check_against_model(const std::string& what, const std::string& model_name,
   for (const auto& [k, t] : have) {
     seen.insert(k);
     auto it = want.find(k);
-    if (it == want.end()) problems.push_back("unexpected key '" + k + "'");
+    if (it == want.end())
+      problems.push_back("unexpected key '" + k + "'");
     else if (it->second.sizes() != t.sizes())
       problems.push_back("'" + k + "' has shape " + shape_string(t.sizes()) + ", the model's is " +
                          shape_string(it->second.sizes()));
@@ -230,9 +235,9 @@ size_t export_checkpoint(Comm& comm, const ExportOptions& o) {
       root.insert("lr_scheduler", scheduler);
       root.insert("data", data);
       if (ck.manifest.rng_cpu_bytes > 0) {  // row r: rank r's torch.get_rng_state()-compatible bytes
-        auto rng = torch::empty({static_cast<int64_t>(ck.state.rng_by_rank.size()),
-                                 static_cast<int64_t>(ck.manifest.rng_cpu_bytes)},
-                                torch::kUInt8);
+        auto rng = torch::empty(
+            {static_cast<int64_t>(ck.state.rng_by_rank.size()), static_cast<int64_t>(ck.manifest.rng_cpu_bytes)},
+            torch::kUInt8);
         for (size_t r = 0; r < ck.state.rng_by_rank.size(); ++r)
           std::memcpy(rng[static_cast<int64_t>(r)].data_ptr(), ck.state.rng_by_rank[r].cpu.data(),
                       ck.manifest.rng_cpu_bytes);
@@ -285,7 +290,8 @@ size_t import_state_dict(Comm& comm, const ImportOptions& o) {
   });
 
   TrainState st;
-  for (auto& [k, t] : tensors) st.model.push_back(TensorRef{k, to_dtype(t.scalar_type()), t.sizes().vec(), t.data_ptr()});
+  for (auto& [k, t] : tensors)
+    st.model.push_back(TensorRef{k, to_dtype(t.scalar_type()), t.sizes().vec(), t.data_ptr()});
   st.meta["source"] = "h5ddp-ckpt import " + fs::path(o.input).filename().string();
   st.meta["torch_version"] = TORCH_VERSION;
   if (!o.model.empty()) st.meta["model"] = o.model;
@@ -306,8 +312,7 @@ EvalResult evaluate_checkpoint(Comm& comm, const EvalOptions& o) {
   std::shared_ptr<Model> model;
   ImageDataset data;
   agreed(comm, [&] {
-    if (r.model.empty())
-      throw CheckpointError(o.input + ": /meta names no model (pass --model cnn|mlp)");
+    if (r.model.empty()) throw CheckpointError(o.input + ": /meta names no model (pass --model cnn|mlp)");
     std::vector<int64_t> hidden = {1024, 1024};
     if (auto it = ck.state.meta.find("mlp_hidden"); it != ck.state.meta.end()) {
       hidden.clear();

@@ -43,7 +43,7 @@ struct ImportOptions {
   std::string output;  // h5ddp checkpoint to create
   std::string model;   // "" or a built-in model name ("cnn", "mlp"): check keys and shapes against it
   std::vector<int64_t> mlp_hidden = {1024, 1024};  // for model "mlp"
-  bool force = false;  // overwrite an existing output
+  bool force = false;                              // overwrite an existing output
 };
 
 // Collective. Reads a torch.save'd state dict (plain, or the "model" / "state_dict" entry of a dict;

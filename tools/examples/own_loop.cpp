@@ -1,14 +1,15 @@
 // Your own model, data and loop, trained data-parallel and checkpointed with h5ddp (README "Use h5ddp in
 // your own training loop"). Killed or signalled, the same command resumes where it stopped, bit-exactly.
 //   mpirun -np 2 h5ddp-example-own-loop [RUN_DIR [STEPS [SLEEP_MS_PER_STEP]]]
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
 #include <h5ddp/checkpointer.hpp>
 #include <h5ddp/ddp.hpp>
 #include <h5ddp/mpi_comm.hpp>
 #include <h5ddp/mpi_env.hpp>
 #include <h5ddp/sampler.hpp>
-#include <torch/torch.h>
-#include <chrono>
-#include <cstdio>
 #include <string>
 #include <thread>
 
@@ -33,15 +34,14 @@ int train(h5ddp::Comm& comm, int argc, char** argv) {
   options.keep_last = 2;
   h5ddp::Checkpointer ckpt(comm, *model, optimizer, options);
   ckpt.track("fc2_ema", ema);  // your own state goes into the same file: update it before step_end
-  ckpt.data().seed = 7;  // the sampler's shuffle; the position is kept by the checkpoint
+  ckpt.data().seed = 7;        // the sampler's shuffle; the position is kept by the checkpoint
   ckpt.data().global_batch = 64;
   torch::manual_seed(100 + comm.rank());  // each rank's dropout stream (restored on resume)
   const h5ddp::ResumeInfo resumed = ckpt.resume();
   if (resumed.resumed && comm.rank() == 0)
     std::printf("resumed from %s at step %lld\n", resumed.path.c_str(), static_cast<long long>(ckpt.step()));
 
-  h5ddp::DistributedSampler sampler(x.size(0), ckpt.data().global_batch, ckpt.data().seed, comm.size(),
-                                    comm.rank());
+  h5ddp::DistributedSampler sampler(x.size(0), ckpt.data().global_batch, ckpt.data().seed, comm.size(), comm.rank());
   for (int64_t step = ckpt.step(); step < total_steps;) {
     h5ddp::DataState& data = ckpt.data();
     const torch::Tensor idx = torch::tensor(sampler.local_indices(data.epoch, data.position));
@@ -57,7 +57,7 @@ int train(h5ddp::Comm& comm, int argc, char** argv) {
       ema.mul_(0.99).add_(torch::cat({model->fc2->weight.flatten(), model->fc2->bias}), 0.01);
     }
     const h5ddp::StepOutcome outcome = ckpt.step_end(++step, loss.item<double>());
-    loss_mean = outcome.value_mean;  // the loss averaged over ranks
+    loss_mean = outcome.value_mean;              // the loss averaged over ranks
     if (outcome.stop) return outcome.exit_code;  // a signal: saved; 75 asks the scheduler to requeue
     if (argc > 3) std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(argv[3])));
   }

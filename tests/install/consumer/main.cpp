@@ -1,8 +1,7 @@
 // Uses the installed headers and libraries: MPI environment, communicator, agreement.
+#include <cstdio>
 #include <h5ddp/mpi_comm.hpp>
 #include <h5ddp/mpi_env.hpp>
-
-#include <cstdio>
 
 int main(int argc, char** argv) {
   h5ddp::MpiEnv env(&argc, &argv);

@@ -1,10 +1,10 @@
 // Runs the README's own-loop snippet (README_SNIPPET, extracted by install_test.sh) as written: a user's model
 // and data around it, and a main. Usage: readme_loop STEPS (in a scratch directory: it writes runs/mine).
-#include <h5ddp/mpi_comm.hpp>
-#include <h5ddp/mpi_env.hpp>
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <h5ddp/mpi_comm.hpp>
+#include <h5ddp/mpi_env.hpp>
 #include <string>
 
 struct Net : torch::nn::Module {
