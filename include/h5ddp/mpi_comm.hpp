@@ -23,13 +23,14 @@ class MpiComm final : public Comm {
   // operation to a worker thread that runs a blocking MPI_Allreduce; kProgress starts MPI_Iallreduce on
   // the caller's thread and a worker thread tests it every H5DDP_MPI_POLL_US (default 50) microseconds.
   // Both advance while the caller computes and need MPI_THREAD_MULTIPLE. docs/BENCHMARKS.md (DDP)
-  // compares the three.
+  // compares kThread and kProgress (kNonBlocking's measurements are in that file's git history).
   enum class AsyncMode { kNonBlocking, kThread, kProgress };
   // H5DDP_MPI_ASYNC=thread|progress|nonblocking; else kNonBlocking without MPI_THREAD_MULTIPLE; else
   // kProgress when this node has at least one core per rank but fewer than two (a worker spinning in a
   // blocking MPI_Allreduce would take the core its rank's backward runs on), kThread otherwise: with a
   // spare core per rank, or more ranks than cores (Open MPI then yields while it waits). Open MPI's
-  // MPI_Iallreduce of large buckets was 9-14x slower than its blocking MPI_Allreduce here (docs/BENCHMARKS.md).
+  // MPI_Iallreduce of large buckets was 9-14x slower than its blocking MPI_Allreduce here (docs/BENCHMARKS.md,
+  // "Large MLP (measured under load)", in its git history).
   // dup() uses rank 0's choice on every rank: blocking and non-blocking collectives do not match.
   static AsyncMode default_async_mode(int ranks_on_node, unsigned cores);
 

@@ -138,10 +138,10 @@ struct Checkpointer::Impl {
   TrainState load(Comm& comm, const std::string& path, const LoadOptions& options, bool weights_only) {
     const CheckpointManifest manifest = read_manifest(comm, path);
     if (!weights_only && manifest.optimizer_type != type)
-      comm.raise_if_any("checkpoint " + path + " holds the state of a " +
-                        (manifest.optimizer_type.empty() ? std::string("weights-only file (no optimizer)")
-                                                         : manifest.optimizer_type + " optimizer") +
-                        "; this run's optimizer is " + type);
+      comm.raise_if_any(
+          "checkpoint " + path + " holds optimizer state of type " +
+          (manifest.optimizer_type.empty() ? std::string("none (a weights-only file)") : manifest.optimizer_type) +
+          "; this run's optimizer is of type " + type);
     std::vector<TensorRef> entries;
     for (const auto& t : manifest.optimizer_state) entries.push_back(TensorRef{t.name, t.dtype, t.shape, nullptr});
     TrainState st;

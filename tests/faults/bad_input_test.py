@@ -210,7 +210,7 @@ def test_other_optimizer_resume():
     run = os.path.join(work(), "run")
     ckpt = fl.checkpoints(run)[-1]
     return expect_error(train_cmd(os.path.join(work(), "run-sgd"), "--resume", ckpt, "--optimizer", "sgd"), NP, 1,
-                        ckpt, "--optimizer adam", protect=[run]).line
+                        ckpt, "optimizer state of type adam", protect=[run]).line
 
 
 def test_missing_checkpoint_resume():
