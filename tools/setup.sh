@@ -18,7 +18,7 @@ packages=(
   python3-torch python3-h5py
   clang-14 libclang-rt-14-dev libfuzzer-14-dev clang-format
   slurm-wlm munge
-  strace
+  strace gnuplot-nox
 )
 
 missing=()

@@ -23,6 +23,8 @@ struct SaveOptions {
   int keep_every = 0;  // retention: also keep every file whose step is a multiple of M (0 = none)
   std::string name;    // file name in run_dir; default "ckpt-%08lld.h5" of counters.step (".h5" added if missing)
   bool update_latest = true;  // move run_dir/latest to this file
+  // File names in run_dir that retention never removes (e.g. the best-scoring checkpoint, --keep-best).
+  std::vector<std::string> keep_files;
   // Replicated tensors must be identical on all ranks. By default each tensor is hashed in full by the one
   // rank that writes it (its checksum), and ranks compare a sample of every tensor (16 blocks of 4 KiB, all
   // of a tensor up to 64 KiB) before writing. true: every rank hashes every tensor in full and all hashes

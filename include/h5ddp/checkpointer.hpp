@@ -54,6 +54,17 @@ struct ResumeInfo {
   int saved_world_size = 0;                 // ranks at save
   bool rng_exact = true;                    // every rank got the stream it had at save (false: more ranks than at save)
   std::map<std::string, std::string> meta;  // the file's meta strings
+  SchedulerState scheduler;                 // the learning-rate schedule recorded in the file (type "none": none)
+};
+
+// The most recent save of this process (rank-local timings).
+struct SaveStats {
+  int64_t step = -1;
+  bool async = false;
+  double blocked_seconds = 0;  // what the training loop waited for (async: the copy to host buffers)
+  double seconds = 0;          // the whole save (sync); for async, the previous background save's write
+  uint64_t bytes = 0;          // tensor bytes of the file (all ranks)
+  std::string path;            // sync: the committed file; async: the file being written
 };
 
 // What step_end() decided, the same on every rank.
@@ -85,6 +96,9 @@ class Checkpointer {
   void track(const std::string& name, double* value);
   // Local: a string stored in the file's /meta group (model description, hyperparameters).
   void set_meta(const std::string& key, const std::string& value);
+  // Local: the files of run_dir that retention must keep (e.g. the best-scoring checkpoint), from the next
+  // save on; replaces the previous list.
+  void set_keep_files(std::vector<std::string> file_names);
   // Local: the learning-rate schedule's state recorded with each save (called with the step).
   void set_scheduler_state(std::function<SchedulerState(int64_t step)> fn);
 
@@ -126,6 +140,7 @@ class Checkpointer {
   int exit_code() const { return exit_code_; }
   const std::string& last_checkpoint() const { return last_path_; }
   int64_t last_saved_step() const { return last_saved_step_; }
+  const SaveStats& last_save() const { return stats_; }
   const CheckpointerOptions& options() const { return options_; }
   // "adam", "adamw" or "sgd", from the optimizer's class.
   const std::string& optimizer_type() const;
@@ -144,6 +159,7 @@ class Checkpointer {
   int exit_code_ = 0;
   int64_t last_saved_step_ = -1;
   std::string last_path_;
+  SaveStats stats_;
 };
 
 // Local. "adam", "adamw" or "sgd" for those LibTorch classes; throws ConfigError for any other.

@@ -82,7 +82,8 @@ void apply_retention(const std::string& run_dir, const SaveOptions& options, con
   for (size_t i = 0; i < ckpts.size(); ++i) {
     const std::string n = ckpts[i].second.filename().string();
     const bool keep = static_cast<int>(i) < options.keep_last || n == newest || n == latest ||
-                      (options.keep_every > 0 && ckpts[i].first % options.keep_every == 0);
+                      (options.keep_every > 0 && ckpts[i].first % options.keep_every == 0) ||
+                      std::find(options.keep_files.begin(), options.keep_files.end(), n) != options.keep_files.end();
     if (keep) continue;
     fs::remove(ckpts[i].second, ec);
     if (ec) log::warn("retention: cannot remove " + ckpts[i].second.string() + ": " + ec.message());

@@ -2,11 +2,13 @@
 
 #include <torch/version.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
 
 #include "checkpoint/async_checkpoint.hpp"
+#include "checkpoint/format.hpp"
 #include "core/log.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/stop_signal.hpp"
@@ -92,6 +94,7 @@ struct Checkpointer::Impl {
   TorchStateBinding binding;
   std::vector<Tracked> tracked;
   std::map<std::string, std::string> meta;
+  std::vector<std::string> keep_files;
   std::function<SchedulerState(int64_t)> scheduler;
   std::unique_ptr<AsyncCheckpointer> async;
   bool signals = false;
@@ -222,6 +225,10 @@ void Checkpointer::track(const std::string& name, double* value) {
   impl_->tracked.push_back(std::move(t));
 }
 
+void Checkpointer::set_keep_files(std::vector<std::string> file_names) {
+  impl_->keep_files = std::move(file_names);
+}
+
 void Checkpointer::set_meta(const std::string& key, const std::string& value) {
   impl_->meta[key] = value;
 }
@@ -248,6 +255,7 @@ ResumeInfo Checkpointer::load_resumed(const std::string& path) {
   info.step = counters_.step;
   info.saved_world_size = st.saved_world_size;
   info.meta = st.meta;
+  info.scheduler = st.scheduler;
   const bool exact = restore_rank_rng(st.rng_by_rank, comm_.rank(), data_.seed, counters_.step);
   info.rng_exact = comm_.all_ok(exact);
   last_saved_step_ = impl_->no_save = counters_.step;
@@ -295,6 +303,7 @@ TrainState Checkpointer::export_state() {
 }
 
 SaveResult Checkpointer::save() {
+  const auto t0 = Clock::now();
   wait();
   TrainState st = export_state();
   SaveOptions o;
@@ -302,15 +311,28 @@ SaveResult Checkpointer::save() {
   o.keep_last = options_.keep_last;
   o.keep_every = options_.keep_every;
   o.verify_replicas = options_.verify_replicas;
+  o.keep_files = impl_->keep_files;
   impl_->last_save_time = Clock::now();
+  stats_ = SaveStats();
+  stats_.step = counters_.step;
+  stats_.async = impl_->async != nullptr;
   if (impl_->async) {
     impl_->async->start(st, options_.run_dir, o);
     last_saved_step_ = counters_.step;
+    stats_.blocked_seconds = seconds_since(t0);
+    stats_.seconds = impl_->last_result.seconds;
+    for (const auto& t : st.model) stats_.bytes += t.nbytes();
+    for (const auto& t : st.optimizer.state) stats_.bytes += t.nbytes();
+    for (const auto& t : st.user) stats_.bytes += t.nbytes();
+    stats_.path = options_.run_dir + "/" + format::checkpoint_file_name(counters_.step);
     return impl_->last_result;
   }
   impl_->last_result = save_checkpoint(comm_, st, options_.run_dir, o);
   last_saved_step_ = counters_.step;
   last_path_ = impl_->last_result.path;
+  stats_.blocked_seconds = stats_.seconds = seconds_since(t0);
+  stats_.bytes = impl_->last_result.bytes;
+  stats_.path = last_path_;
   log::debug("saved " + last_path_ + " in " + std::to_string(impl_->last_result.seconds) + " s");
   return impl_->last_result;
 }

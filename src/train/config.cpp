@@ -54,7 +54,7 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
   TrainConfig c;
   std::string mlp_hidden = join_widths(c.model.mlp_hidden);
   std::string config_file;
-  bool no_fsync = false, no_eval = false, no_final = false;
+  bool no_fsync = false, no_eval = false, no_final = false, no_metrics = false;
   std::string watchdog = "auto";
 
   po::options_description general("General");
@@ -105,6 +105,20 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
       "progress line every N steps in lines mode "
       "(0 = about 20 lines a run)")("no-eval", po::bool_switch(&no_eval),
                                     "skip the evaluation on the test set at the end");
+  train.add_options()("eval-every-steps", po::value(&c.eval_every_steps)->default_value(c.eval_every_steps),
+                      "also evaluate on the test set every N steps during training, each rank a share (0 = off)");
+  train.add_options()("eval-every-epoch", po::bool_switch(&c.eval_every_epoch),
+                      "also evaluate at the end of every epoch");
+  train.add_options()("lr-warmup-steps", po::value(&c.lr_warmup_steps)->default_value(c.lr_warmup_steps),
+                      "linear warmup: the lr of step s < N is scaled by (s + 1) / N");
+  train.add_options()("replan-lr-schedule", po::bool_switch(&c.replan_lr_schedule),
+                      "on resume, plan the lr schedule from this run's options (default: the checkpoint's "
+                      "schedule and horizon continue, so raising --epochs does not change the planned lrs)");
+  train.add_options()("grad-accum", po::value(&c.grad_accum)->default_value(c.grad_accum),
+                      "micro-batches per optimizer step: each rank's share of the global batch is split in K, "
+                      "gradients accumulate locally (DDP no_sync) and are reduced once");
+  train.add_options()("no-metrics", po::bool_switch(&no_metrics),
+                      "do not append to RUN_DIR/metrics.jsonl (docs/METRICS.md)");
   po::options_description ckpt("Checkpoints");
   ckpt.add_options()("checkpoint-every-steps",
                      po::value(&c.checkpoint_every_steps)->default_value(c.checkpoint_every_steps),
@@ -130,6 +144,9 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
       "on every save, every rank hashes every tensor in "
       "full and the hashes must agree (default: a sampled comparison; each tensor hashed by the rank writing it)")(
       "no-final-checkpoint", po::bool_switch(&no_final), "do not save when training ends")(
+      "keep-best", po::bool_switch(&c.keep_best),
+      "keep the checkpoint with the best test accuracy (needs --eval-every-steps or --eval-every-epoch; saved "
+      "when an evaluation improves on it; RUN_DIR/best names it) beside the newest --keep-last")(
       "resume", po::value(&c.resume)->default_value(c.resume),
       "auto: newest valid checkpoint in --run-dir, "
       "fresh start if none | none | PATH of a checkpoint")("init-from", po::value(&c.init_from),
@@ -167,6 +184,7 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
     c.fsync = !no_fsync;
     c.evaluate = !no_eval;
     c.final_checkpoint = !no_final;
+    c.metrics = !no_metrics;
 
     require(c.model.name == "cnn" || c.model.name == "mlp", "model", c.model.name, "unknown model (cnn | mlp)");
     require(c.model.dropout >= 0 && c.model.dropout < 1, "dropout", c.model.dropout, "must be in [0, 1)");
@@ -199,6 +217,11 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
               "must be auto, 0 (off) or a number of seconds");
     }
     require(c.step_sleep_ms >= 0, "step-sleep-ms", c.step_sleep_ms, "must be >= 0");
+    require(c.eval_every_steps >= 0, "eval-every-steps", c.eval_every_steps, "must be >= 0");
+    require(!c.keep_best || c.eval_every_steps > 0 || c.eval_every_epoch, "keep-best", "",
+            "needs --eval-every-steps N or --eval-every-epoch (the score it keeps the best of)");
+    require(c.lr_warmup_steps >= 0, "lr-warmup-steps", c.lr_warmup_steps, "must be >= 0");
+    require(c.grad_accum >= 1, "grad-accum", c.grad_accum, "must be >= 1");
     require(!c.resume.empty(), "resume", c.resume, "must be auto, none or a checkpoint path");
     require(c.progress == "auto" || c.progress == "tty" || c.progress == "lines", "progress", c.progress,
             "must be auto, tty or lines");

@@ -53,6 +53,13 @@ struct TrainConfig {
   std::string progress = "auto";          // auto | tty | lines
   int64_t log_every = 0;                  // progress line every N steps when stdout is not a TTY (0 = auto)
   bool evaluate = true;                   // evaluate on the test set at the end
+  int64_t eval_every_steps = 0;           // also evaluate (distributed) every N steps during training (0 = off)
+  bool eval_every_epoch = false;          // also evaluate at the end of every epoch
+  bool keep_best = false;                 // keep the best-scoring checkpoint beside the newest --keep-last
+  int64_t lr_warmup_steps = 0;            // linear warmup over the first N steps
+  bool replan_lr_schedule = false;        // on resume: plan the schedule from this run's options, not the checkpoint's
+  int64_t grad_accum = 1;                 // micro-batches per optimizer step (gradients accumulated under no_sync)
+  bool metrics = true;                    // append to RUN_DIR/metrics.jsonl (rank 0)
   bool final_checkpoint = true;           // save at the end of training
   std::vector<std::string> command_line;  // argv as given (for the "how to resume" hint)
 };

@@ -6,7 +6,34 @@
 
 namespace h5ddp {
 
+namespace {
+double base_schedule(const LrSchedule& s, int64_t step);
+}  // namespace
+
 double LrSchedule::lr_at(int64_t step) const {
+  const double lr = base_schedule(*this, step);
+  if (warmup_steps > 0 && step < warmup_steps)
+    return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  return lr;
+}
+
+bool LrSchedule::same_shape(const LrSchedule& o) const {
+  return type == o.type && base_lr == o.base_lr && warmup_steps == o.warmup_steps &&
+         (type != "step" || (step_size == o.step_size && gamma == o.gamma));
+}
+
+std::string LrSchedule::describe() const {
+  std::string s = type + ", lr " + std::to_string(base_lr);
+  if (type == "step") s += ", x" + std::to_string(gamma) + " every " + std::to_string(step_size) + " steps";
+  if (warmup_steps > 0) s += ", warmup " + std::to_string(warmup_steps) + " steps";
+  return s + ", horizon " + std::to_string(total_steps) + " steps";
+}
+
+namespace {
+double base_schedule(const LrSchedule& s, int64_t step) {
+  const auto& type = s.type;
+  const double base_lr = s.base_lr, gamma = s.gamma;
+  const int64_t step_size = s.step_size, total_steps = s.total_steps;
   if (type == "step") return base_lr * std::pow(gamma, static_cast<double>(step / std::max<int64_t>(step_size, 1)));
   if (type == "cosine") {
     const double t = std::min(1.0, static_cast<double>(step) / static_cast<double>(std::max<int64_t>(total_steps, 1)));
@@ -14,6 +41,7 @@ double LrSchedule::lr_at(int64_t step) const {
   }
   return base_lr;
 }
+}  // namespace
 
 SchedulerState LrSchedule::to_state(int64_t step) const {
   SchedulerState s;
@@ -22,6 +50,7 @@ SchedulerState LrSchedule::to_state(int64_t step) const {
               {"step_size", static_cast<double>(step_size)},
               {"gamma", gamma},
               {"total_steps", static_cast<double>(total_steps)},
+              {"warmup_steps", static_cast<double>(warmup_steps)},
               {"last_epoch", static_cast<double>(step)},  // PyTorch's name for the scheduler's step count
               {"lr", lr_at(step)}};
   return s;
@@ -41,6 +70,8 @@ LrSchedule LrSchedule::from_state(const SchedulerState& s) {
   l.step_size = static_cast<int64_t>(get("step_size"));
   l.gamma = get("gamma");
   l.total_steps = static_cast<int64_t>(get("total_steps"));
+  auto w = s.values.find("warmup_steps");
+  l.warmup_steps = w == s.values.end() ? 0 : static_cast<int64_t>(w->second);
   return l;
 }
 

@@ -14,13 +14,20 @@ struct LrSchedule {
   double base_lr = 1e-3;
   int64_t step_size = 1;  // step: multiply by gamma every step_size steps
   double gamma = 0.1;
-  int64_t total_steps = 1;  // cosine: lr reaches 0 at total_steps
+  int64_t total_steps = 1;   // cosine: lr reaches 0 at total_steps; the run's planned horizon
+  int64_t warmup_steps = 0;  // linear warmup: the lr of step s < warmup_steps is scaled by (s + 1) / warmup_steps
+
+  // True when the two schedules give the same lr at every step up to both horizons (the horizon may differ).
+  bool same_shape(const LrSchedule& o) const;
+  // "cosine, lr 0.002, horizon 12 steps" for messages.
+  std::string describe() const;
 
   // Learning rate for the optimizer step that follows `step` completed steps.
   double lr_at(int64_t step) const;
   // The schedule's parameters and `step` as recorded in a checkpoint.
   SchedulerState to_state(int64_t step) const;
-  // Inverse of to_state; throws CheckpointError on an unknown type or missing value.
+  // Inverse of to_state; throws CheckpointError on an unknown type or missing value (warmup_steps may be absent:
+  // files written before it existed had none).
   static LrSchedule from_state(const SchedulerState& s);
 };
 

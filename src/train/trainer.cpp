@@ -8,8 +8,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
 #include <thread>
 
+#include "checkpoint/format.hpp"
 #include "core/log.hpp"
 #include "core/watchdog.hpp"
 #include "h5ddp/checkpoint.hpp"
@@ -21,6 +25,7 @@
 #include "torch/torch_state.hpp"
 #include "train/data.hpp"
 #include "train/lr_schedule.hpp"
+#include "train/metrics.hpp"
 #include "train/models.hpp"
 
 namespace h5ddp {
@@ -73,24 +78,33 @@ std::pair<torch::Tensor, torch::Tensor> gather(const torch::Tensor& images, cons
   return {images.index_select(0, idx), labels.index_select(0, idx)};
 }
 
-// Collective. Fraction of the test set classified correctly; each rank scores a contiguous share.
-double evaluate(Model& model, const ImageDataset& test, Comm& comm) {
+struct EvalResult {
+  double accuracy = 0;  // fraction of the test set classified correctly
+  double loss = 0;      // mean cross-entropy
+};
+
+// Collective. Each rank scores a contiguous share of the test set; one allreduce sums the shares.
+EvalResult evaluate(Model& model, const ImageDataset& test, Comm& comm) {
   torch::NoGradGuard no_grad;
   model.eval();
   const int64_t n = test.count, r = comm.rank(), w = comm.size();
   const int64_t begin = n * r / w, end = n * (r + 1) / w;
   auto images = torch::from_blob(const_cast<float*>(test.images.data()), {n, 1, test.rows, test.cols});
   auto labels = torch::from_blob(const_cast<int64_t*>(test.labels.data()), {n}, torch::kLong);
-  int64_t counts[2] = {0, n};
+  double sums[2] = {0, 0};  // correct, summed loss
   constexpr int64_t kEvalBatch = 1000;
   for (int64_t b = begin; b < end; b += kEvalBatch) {
     const int64_t e = std::min(end, b + kEvalBatch);
-    auto pred = model.forward(images.slice(0, b, e)).argmax(1);
-    counts[0] += pred.eq(labels.slice(0, b, e)).sum().item<int64_t>();
+    auto logits = model.forward(images.slice(0, b, e));
+    sums[0] += static_cast<double>(logits.argmax(1).eq(labels.slice(0, b, e)).sum().item<int64_t>());
+    sums[1] +=
+        torch::nn::functional::cross_entropy(logits, labels.slice(0, b, e),
+                                             torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+            .item<double>();
   }
-  comm.allreduce(&counts[0], 1, DType::kI64, ReduceOp::kSum);
+  comm.allreduce(sums, 2, DType::kF64, ReduceOp::kSum);
   model.train();
-  return static_cast<double>(counts[0]) / static_cast<double>(n);
+  return EvalResult{sums[0] / static_cast<double>(n), sums[1] / static_cast<double>(n)};
 }
 
 // Rank 0's progress display: '\r'-updated line on a terminal, a line every `every` steps otherwise.
@@ -215,22 +229,33 @@ CheckpointerOptions checkpointer_options(const TrainConfig& c) {
 class Trainer {
  public:
   Trainer(const TrainConfig& config, Comm& comm)
-      : config_(config), comm_(comm), root_(comm.rank() == 0), watch_(config.watchdog_seconds) {}
+      : config_(config),
+        comm_(comm),
+        root_(comm.rank() == 0),
+        watch_(config.watchdog_seconds),
+        metrics_(config.run_dir, comm.rank() == 0 && config.metrics) {}
 
   TrainResult run() {
-    validate_options();
-    torch::set_num_threads(config_.threads);
-    load_data();
-    build_model();
-    resume_or_init();
-    plan();
-    train();
-    if (ckpt_->exit_code() != 0) return stopped();
-    finish();
+    try {
+      validate_options();
+      torch::set_num_threads(config_.threads);
+      load_data();
+      build_model();
+      resume_or_init();
+      plan();
+      train();
+      if (ckpt_->exit_code() != 0) return stopped();
+      finish();
+    } catch (const std::exception& e) {
+      if (ckpt_) metrics_.write(JsonRecord("error").add("step", ckpt_->step()).add("message", e.what()));
+      throw;
+    }
     return result_;
   }
 
  private:
+  bool evaluates() const { return config_.evaluate || config_.eval_every_steps > 0 || config_.eval_every_epoch; }
+
   // Collective. Every rank checks what needs no I/O and the ranks agree before anything else happens.
   void validate_options() {
     std::string err;
@@ -249,7 +274,7 @@ class Trainer {
     std::string err;
     try {
       train_set_ = read_fashion_mnist(config_.data_dir, "train");
-      if (config_.evaluate) test_set_ = read_fashion_mnist(config_.data_dir, "t10k");
+      if (evaluates()) test_set_ = read_fashion_mnist(config_.data_dir, "t10k");
     } catch (const std::exception& e) {
       err = e.what();
     }
@@ -296,6 +321,32 @@ class Trainer {
       if (root_) log::root_info("initialised the weights from " + config_.init_from);
     }
     check_batch(info);
+    info_ = info;
+    // The steps after the resumed one are redone: their records go, so the log never holds two versions.
+    metrics_.truncate_after(info.resumed ? info.step : 0);
+    JsonRecord start(info.resumed ? "resume" : "start");
+    start.add("step", ckpt_->step()).add("world_size", comm_.size());
+    if (info.resumed) start.add("from", info.path).add("saved_world_size", info.saved_world_size);
+    metrics_.write(start);
+    if (config_.keep_best) load_best();
+  }
+
+  // Collective. --keep-best: RUN_DIR/best ("<file> <accuracy>") from an earlier run, kept by retention.
+  void load_best() {
+    std::string text;
+    if (root_) {
+      std::ifstream in(config_.run_dir + "/best");
+      std::getline(in, text);
+    }
+    text = comm_.broadcast_string(text, 0);
+    std::istringstream is(text);
+    std::string name;
+    double accuracy = -1;
+    if (is >> name >> accuracy && std::filesystem::exists(config_.run_dir + "/" + name)) {
+      best_file_ = name;
+      best_accuracy_ = accuracy;
+      ckpt_->set_keep_files({best_file_});
+    }
   }
 
   void report_resume(const ResumeInfo& info) {
@@ -325,6 +376,10 @@ class Trainer {
       bad_batch = std::string(e.what()) +
                   (info.resumed ? " (the global batch of " + info.path + "; pass --batch-size to change it)" : "");
     }
+    if (bad_batch.empty() && (ckpt_->data().global_batch / comm_.size()) % config_.grad_accum != 0)
+      bad_batch = "--grad-accum " + std::to_string(config_.grad_accum) + " does not divide the " +
+                  std::to_string(ckpt_->data().global_batch / comm_.size()) + " samples per rank of the global batch " +
+                  std::to_string(ckpt_->data().global_batch) + " at " + std::to_string(comm_.size()) + " ranks";
     comm_.raise_if_any(bad_batch);
   }
 
@@ -345,7 +400,33 @@ class Trainer {
     schedule_.step_size = config_.lr_step_size > 0 ? config_.lr_step_size : sampler_->steps_per_epoch();
     schedule_.gamma = config_.lr_gamma;
     schedule_.total_steps = total_steps_;
+    schedule_.warmup_steps = config_.lr_warmup_steps;
+    if (info_.resumed && !config_.replan_lr_schedule) continue_schedule();
     ckpt_->set_scheduler_state([this](int64_t s) { return schedule_.to_state(s); });
+    metrics_interval_ = config_.log_every > 0 ? config_.log_every : std::max<int64_t>(1, total_steps_ / 200);
+  }
+
+  // Collective (the same verdict everywhere). After a resume the checkpoint's schedule continues with its
+  // horizon, so raising --epochs or --max-steps does not change the lr of the steps already planned; options
+  // that would change its shape are an error unless --replan-lr-schedule.
+  void continue_schedule() {
+    const SchedulerState& s = info_.scheduler;
+    if (s.type.empty() || s.type == "none") return;  // a file without a schedule (import, library): ours
+    const LrSchedule saved = LrSchedule::from_state(s);
+    std::string err;
+    if (!saved.same_shape(schedule_))
+      err = "the checkpoint " + info_.path + " continues the lr schedule " + saved.describe() +
+            "; this run's options ask for " + schedule_.describe() +
+            ": pass --replan-lr-schedule to change it from step " + std::to_string(info_.step);
+    comm_.raise_if_any(err);
+    if (saved.total_steps != schedule_.total_steps && root_)
+      log::root_info("note: the lr schedule keeps the checkpoint's horizon of " + std::to_string(saved.total_steps) +
+                     " steps (this run plans " + std::to_string(schedule_.total_steps) +
+                     (saved.type == "cosine" && schedule_.total_steps > saved.total_steps
+                          ? "; steps past the horizon run at the schedule's end value, lr 0"
+                          : "") +
+                     "); --replan-lr-schedule plans it over this run");
+    schedule_ = saved;
   }
 
   bool done() const { return ckpt_->step() >= total_steps_ || ckpt_->data().epoch >= config_.epochs; }
@@ -353,7 +434,7 @@ class Trainer {
   void train() {
     progress_ = std::make_unique<Progress>(root_, config_.progress, total_steps_, config_.log_every);
     progress_->start(ckpt_->step());
-    t_start_ = Clock::now();
+    t_start_ = interval_start_ = Clock::now();
     model_->train();
     while (!done())
       if (!step()) break;
@@ -363,39 +444,153 @@ class Trainer {
     result_.last_checkpoint = ckpt_->last_checkpoint();
   }
 
-  // Collective. One optimizer step, then the Checkpointer's agreement and save. False: a stop signal (saved).
+  // Collective. One optimizer step, then the Checkpointer's agreement, evaluation and saves. False: a stop
+  // signal (saved).
   bool step() {
     const auto step_start = Clock::now();
     const int64_t step = ckpt_->step();
     auto guard = watch_.watch("training step (forward/backward, gradient allreduce, step agreement)",
                               StallWatch::Kind::kStep, step);
     DataState& data = ckpt_->data();
-    auto [x, y] = gather(images_, labels_, sampler_->local_indices(data.epoch, data.position));
     set_lr(*optimizer_, schedule_.lr_at(step));
-    ddp_->prepare_forward();
-    auto loss = torch::nn::functional::cross_entropy(model_->forward(x), y);
-    loss.backward();
-    ddp_->finish_backward();
+    const double loss = forward_backward(sampler_->local_indices(data.epoch, data.position));
     optimizer_->step();
     optimizer_->zero_grad();
-    sampler_->advance(data);  // the rest of an epoch's permutation that fills no batch is dropped
+    const bool epoch_ended = sampler_->advance(data);  // the rest of the permutation that fills no batch is dropped
 
-    StepOutcome outcome = ckpt_->agree_step(step + 1, loss.item<double>());
+    StepOutcome outcome = ckpt_->agree_step(step + 1, loss);
     progress_->update(step + 1, data.epoch, config_.epochs, outcome.value_mean, data.global_batch, done());
+    record_train(step + 1, outcome.value_mean);
     guard.release();
     watch_.observe(StallWatch::Kind::kStep, seconds_since(step_start));
+    const bool eval_due = (config_.eval_every_steps > 0 && (step + 1) % config_.eval_every_steps == 0) ||
+                          (config_.eval_every_epoch && epoch_ended);
+    const auto pause_start = Clock::now();  // evaluations and saves do not count as training time
+    std::optional<EvalResult> eval;
+    if (eval_due) eval = evaluate_now();
+    // A new best is protected from retention from this step's save on (the old best is released by it).
+    const bool new_best = eval && config_.keep_best && eval->accuracy > best_accuracy_;
+    const std::vector<std::string> kept_before =
+        best_file_.empty() ? std::vector<std::string>{} : std::vector<std::string>{best_file_};
+    if (new_best) ckpt_->set_keep_files({format::checkpoint_file_name(step + 1)});
     if (outcome.save_due) {
       const auto save_start = Clock::now();
       auto save_guard = watch_.watch("checkpoint save", StallWatch::Kind::kSave, step + 1);
       ckpt_->save_if_due(outcome);
       watch_.observe(StallWatch::Kind::kSave, seconds_since(save_start));
+      record_save();
     }
+    if (new_best) keep_as_best(eval->accuracy, kept_before);
+    interval_start_ += Clock::now() - pause_start;
     if (outcome.stop) return false;
     if (config_.step_sleep_ms > 0) {  // stands for compute in tests: watched like the step it stands for
       auto sleep_guard = watch_.watch("step sleep (--step-sleep-ms)", StallWatch::Kind::kStep, step + 1);
       std::this_thread::sleep_for(std::chrono::milliseconds(config_.step_sleep_ms));
     }
     return true;
+  }
+
+  // Collective. Forward and backward of this rank's share of the global batch in --grad-accum micro-batches;
+  // only the last one reduces gradients (DDP no_sync before it). Returns this rank's mean loss.
+  double forward_backward(const std::vector<int64_t>& indices) {
+    const int64_t k = config_.grad_accum, micro = static_cast<int64_t>(indices.size()) / k;
+    double loss_sum = 0;
+    for (int64_t m = 0; m < k; ++m) {
+      std::optional<DistributedDataParallel::NoSync> local;
+      if (m + 1 < k) local.emplace(ddp_->no_sync());
+      const std::vector<int64_t> part(indices.begin() + m * micro, indices.begin() + (m + 1) * micro);
+      auto [x, y] = gather(images_, labels_, part);
+      ddp_->prepare_forward();
+      auto loss = torch::nn::functional::cross_entropy(model_->forward(x), y);
+      if (k > 1) loss = loss / static_cast<double>(k);
+      loss.backward();
+      ddp_->finish_backward();
+      loss_sum += loss.item<double>();
+    }
+    return loss_sum;
+  }
+
+  // Collective. A distributed evaluation during training: in the metrics log and in the next checkpoint's meta.
+  EvalResult evaluate_now() {
+    const EvalResult r = evaluate(*model_, test_set_, comm_);
+    char acc[32];
+    std::snprintf(acc, sizeof acc, "%.6f", r.accuracy);
+    ckpt_->set_meta("eval_accuracy", acc);
+    ckpt_->set_meta("eval_step", std::to_string(ckpt_->step()));
+    metrics_.write(JsonRecord("eval")
+                       .add("step", ckpt_->step())
+                       .add("epoch", ckpt_->data().epoch)
+                       .add("accuracy", r.accuracy)
+                       .add("loss", r.loss));
+    return r;
+  }
+
+  // Collective. --keep-best: the checkpoint of this step (saved now unless it is) becomes the best one, named in
+  // RUN_DIR/best once committed. If the save failed (--on-save-error continue), the previous best stays.
+  void keep_as_best(double accuracy, const std::vector<std::string>& kept_before) {
+    if (ckpt_->last_saved_step() != ckpt_->step()) {
+      auto save_guard = watch_.watch("best checkpoint save", StallWatch::Kind::kSave, ckpt_->step());
+      ckpt_->save();
+      record_save();
+    }
+    ckpt_->wait();  // `best` names a committed file only
+    if (ckpt_->last_saved_step() != ckpt_->step()) {
+      ckpt_->set_keep_files(kept_before);
+      return;
+    }
+    best_accuracy_ = accuracy;
+    best_file_ = format::checkpoint_file_name(ckpt_->step());
+    if (root_) write_best_pointer();
+    comm_.barrier();
+  }
+
+  // Rank 0. RUN_DIR/best = "<file> <accuracy>", written to a temporary, fsynced and renamed (like `latest`).
+  void write_best_pointer() const {
+    const std::string tmp = config_.run_dir + "/best.tmp";
+    char line[512];
+    std::snprintf(line, sizeof line, "%s %.6f\n", best_file_.c_str(), best_accuracy_);
+    std::FILE* f = std::fopen(tmp.c_str(), "w");
+    if (!f || std::fputs(line, f) < 0 || std::fflush(f) != 0 || (config_.fsync && ::fsync(::fileno(f)) != 0)) {
+      if (f) std::fclose(f);
+      log::warn("--keep-best: cannot write " + tmp);
+      return;
+    }
+    std::fclose(f);
+    std::error_code ec;
+    std::filesystem::rename(tmp, config_.run_dir + "/best", ec);
+    if (ec) log::warn("--keep-best: cannot rename " + tmp + ": " + ec.message());
+  }
+
+  // Rank 0's metrics: a "train" record every metrics_interval_ steps (mean loss over the interval).
+  void record_train(int64_t step, double loss) {
+    interval_loss_ += loss;
+    ++interval_steps_;
+    if (step % metrics_interval_ != 0 && !done()) return;
+    const double el = seconds_since(interval_start_);
+    metrics_.write(JsonRecord("train")
+                       .add("step", step)
+                       .add("epoch", ckpt_->data().epoch)
+                       .add("loss", interval_loss_ / static_cast<double>(interval_steps_))
+                       .add("lr", schedule_.lr_at(step - 1))
+                       .add("samples_per_s",
+                            el > 0 ? static_cast<double>(interval_steps_ * ckpt_->data().global_batch) / el : 0.0));
+    interval_loss_ = 0;
+    interval_steps_ = 0;
+    interval_start_ = Clock::now();
+  }
+
+  // Rank 0's metrics: the save just made (once per save).
+  void record_save() {
+    const SaveStats& s = ckpt_->last_save();
+    if (s.step < 0 || s.step == recorded_save_step_) return;
+    recorded_save_step_ = s.step;
+    JsonRecord r("save");
+    r.add("step", s.step).add("path", s.path).add("async", s.async).add("blocked_seconds", s.blocked_seconds);
+    if (s.async)
+      r.add_null("seconds");  // written in the background: known when it commits
+    else
+      r.add("seconds", s.seconds);
+    metrics_.write(r.add("bytes", static_cast<int64_t>(s.bytes)));
   }
 
   // A signal (also one after the last step) saved the state; training asks to be requeued.
@@ -408,6 +603,12 @@ class Trainer {
       std::fflush(stdout);
     }
     result_.exit_code = ckpt_->exit_code();
+    record_save();
+    metrics_.write(JsonRecord("stop")
+                       .add("step", ckpt_->step())
+                       .add("exit_code", result_.exit_code)
+                       .add("signal", result_.exit_code == stop_signal::kExitRequeue ? "SIGUSR1/SIGTERM" : "SIGINT")
+                       .add("checkpoint", ckpt_->last_checkpoint()));
     return result_;
   }
 
@@ -420,7 +621,16 @@ class Trainer {
       ckpt_->finish(config_.final_checkpoint);
     }
     result_.last_checkpoint = ckpt_->last_checkpoint();
-    if (config_.evaluate) result_.test_accuracy = evaluate(*model_, test_set_, comm_);
+    record_save();
+    JsonRecord end("end");
+    end.add("step", ckpt_->step()).add("epoch", ckpt_->data().epoch).add("exit_code", 0);
+    end.add("train_seconds", result_.train_seconds);
+    if (config_.evaluate) {
+      const EvalResult r = evaluate(*model_, test_set_, comm_);
+      result_.test_accuracy = r.accuracy;
+      end.add("test_accuracy", r.accuracy).add("test_loss", r.loss);
+    }
+    metrics_.write(end);
     if (root_) print_summary();
   }
 
@@ -468,6 +678,15 @@ class Trainer {
   LrSchedule schedule_;
   int64_t total_steps_ = 0;
   Clock::time_point t_start_;
+  MetricsLog metrics_;
+  ResumeInfo info_;               // what the resume found (resumed false: a fresh start)
+  int64_t metrics_interval_ = 1;  // steps per "train" record
+  double interval_loss_ = 0;
+  int64_t interval_steps_ = 0;
+  Clock::time_point interval_start_;
+  int64_t recorded_save_step_ = -1;  // the last save written to the metrics log
+  std::string best_file_;            // --keep-best: the best checkpoint's file name and score
+  double best_accuracy_ = -1;
 };
 
 }  // namespace

@@ -458,7 +458,7 @@ def test_lr_cosine_resume():
     fl.check(tf.resumed_from(r) == (ckpt(b, 5), 5), f"did not resume from step 5: {r}")
     check_bitwise(ckpt(a, 12), ckpt(b, 12), "cosine run resumed at step 5")
     ctl = copy_with([ckpt(c, 5)], "cos-ctl")
-    train(ctl, "--lr-schedule", "constant", "--max-steps", 12, "--keep-last", 0, "--seed", 5)
+    train(ctl, "--lr-schedule", "constant", "--replan-lr-schedule", "--max-steps", 12, "--keep-last", 0, "--seed", 5)
     fl.check(compare(ckpt(a, 12), ckpt(ctl, 12)).rc != 0, "control: a constant-lr resume matched the cosine run")
     for x in (a, b, c, ctl):
         shutil.rmtree(x, ignore_errors=True)

@@ -192,6 +192,11 @@ LoadedCheckpoint load_checkpoint_tensors(Comm& comm, const std::string& path) {
     ck.optimizer.emplace_back(t.name, x);
     ck.state.optimizer.state.push_back(TensorRef{t.name, t.dtype, t.shape, x.data_ptr()});
   }
+  for (const auto& t : ck.manifest.user) {
+    torch::Tensor x = allocate(path, t);
+    ck.user.emplace_back(t.name, x);
+    ck.state.user.push_back(TensorRef{t.name, t.dtype, t.shape, x.data_ptr()});
+  }
   load_checkpoint(comm, path, ck.state);
   return ck;
 }
@@ -242,6 +247,11 @@ size_t export_checkpoint(Comm& comm, const ExportOptions& o) {
           std::memcpy(rng[static_cast<int64_t>(r)].data_ptr(), ck.state.rng_by_rank[r].cpu.data(),
                       ck.manifest.rng_cpu_bytes);
         root.insert("rng_cpu", rng);
+      }
+      if (!ck.user.empty()) {  // the tracked state of a Checkpointer user (an EMA copy, a counter)
+        GenericDict user = str_dict();
+        for (const auto& [k, t] : ck.user) user.insert(k, t);
+        root.insert("user", user);
       }
       root.insert("meta", meta);
       root.insert("h5ddp", facts);

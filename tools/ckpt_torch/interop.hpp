@@ -21,6 +21,7 @@ struct LoadedCheckpoint {
   TrainState state;  // counters, data, scheduler, optimizer groups, rng rows, meta (refs point into below)
   std::vector<std::pair<std::string, torch::Tensor>> model;      // state-dict key -> tensor, file order
   std::vector<std::pair<std::string, torch::Tensor>> optimizer;  // "<param>/<key>" -> tensor, file order
+  std::vector<std::pair<std::string, torch::Tensor>> user;       // /user/<name> (Checkpointer::track)
 };
 
 // Collective. Reads every tensor of `path` (checksums verified) through the checkpoint layer. Throws
