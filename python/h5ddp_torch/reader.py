@@ -152,6 +152,12 @@ def dataset_dtype(f, path, dspath):
     return name
 
 
+def _contiguous(a):
+    """A C-contiguous array of the same shape (np.ascontiguousarray would turn a 0-d array into shape [1])."""
+    a = np.asarray(a)
+    return a if a.flags.c_contiguous else a.copy()
+
+
 def _checksum_attr(ds):
     return int(np.uint64(ds.attrs[fmt.ATTR_CHECKSUM]))
 
@@ -166,7 +172,7 @@ def read_dataset(f, path, dspath):
     name = dataset_dtype(f, path, dspath)
     ds = f[dspath]
     try:
-        a = np.ascontiguousarray(ds[()])
+        a = _contiguous(ds[()])
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read dataset {dspath}, damaged or truncated ({e})") from None
     computed = xxhash.xxh3_64_intdigest(memoryview(a).cast("B")) if a.nbytes else xxhash.xxh3_64_intdigest(b"")
@@ -182,12 +188,12 @@ def verify_dataset(f, path, dspath):
     h = xxhash.xxh3_64()
     try:
         if ds.ndim == 0 or ds.shape[0] == 0:
-            h.update(memoryview(np.ascontiguousarray(ds[()])).cast("B"))
+            h.update(memoryview(_contiguous(ds[()])).cast("B"))
         else:
             row_bytes = max(1, ds.dtype.itemsize * int(np.prod(ds.shape[1:], dtype=np.int64)))
             per = max(1, VERIFY_CHUNK_BYTES // row_bytes)
             for r in range(0, ds.shape[0], per):
-                h.update(memoryview(np.ascontiguousarray(ds[r:r + per])).cast("B"))
+                h.update(memoryview(_contiguous(ds[r:r + per])).cast("B"))
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read dataset {dspath}, damaged or truncated ({e})") from None
     if h.intdigest() != _checksum_attr(ds):

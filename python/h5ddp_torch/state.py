@@ -43,7 +43,9 @@ def to_numpy(t, what):
 
 def from_numpy(a, name):
     """A CPU tensor of h5ddp dtype `name` sharing the memory of the stored array `a`."""
-    a = np.ascontiguousarray(a)
+    a = np.asarray(a)
+    if not a.flags.c_contiguous:
+        a = a.copy()
     if name == "bfloat16":
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     if name == "bool":
