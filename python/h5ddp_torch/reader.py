@@ -175,7 +175,7 @@ def read_dataset(f, path, dspath):
         a = _contiguous(ds[()])
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read dataset {dspath}, damaged or truncated ({e})") from None
-    computed = xxhash.xxh3_64_intdigest(memoryview(a).cast("B")) if a.nbytes else xxhash.xxh3_64_intdigest(b"")
+    computed = xxhash.xxh3_64_intdigest(a.reshape(-1).view(np.uint8))
     if computed != _checksum_attr(ds):
         raise _mismatch(path, dspath, _checksum_attr(ds), computed)
     return name, a
@@ -188,12 +188,12 @@ def verify_dataset(f, path, dspath):
     h = xxhash.xxh3_64()
     try:
         if ds.ndim == 0 or ds.shape[0] == 0:
-            h.update(memoryview(_contiguous(ds[()])).cast("B"))
+            h.update(_contiguous(ds[()]).reshape(-1).view(np.uint8))
         else:
             row_bytes = max(1, ds.dtype.itemsize * int(np.prod(ds.shape[1:], dtype=np.int64)))
             per = max(1, VERIFY_CHUNK_BYTES // row_bytes)
             for r in range(0, ds.shape[0], per):
-                h.update(memoryview(_contiguous(ds[r:r + per])).cast("B"))
+                h.update(_contiguous(ds[r:r + per]).reshape(-1).view(np.uint8))
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read dataset {dspath}, damaged or truncated ({e})") from None
     if h.intdigest() != _checksum_attr(ds):

@@ -60,14 +60,19 @@ class _Item:
         return self.nbytes // self.rows if self.rows else 0
 
 
+def _bytes(a):
+    """The bytes of a C-contiguous array as a flat uint8 view (also for 0-d and empty arrays)."""
+    return a.reshape(-1).view(np.uint8)
+
+
 def _hash(a):
-    return xxhash.xxh3_64_intdigest(memoryview(a).cast("B")) if a.nbytes else xxhash.xxh3_64_intdigest(b"")
+    return xxhash.xxh3_64_intdigest(_bytes(a))
 
 
 def _sample_hash(a):
     """A cheap fingerprint for comparing replicas before writing: all of a small array, 16 spread 4 KiB pieces
     of a large one (the full comparison comes with the checksums)."""
-    b = memoryview(a).cast("B")
+    b = _bytes(a)
     if len(b) <= 1 << 16:
         return _hash(a)
     h = xxhash.xxh3_64()
