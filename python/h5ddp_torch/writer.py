@@ -265,7 +265,7 @@ def save(run_dir, model, optimizer=None, *, step, data=None, epoch=None, samples
 
     data: a DataState (sampler seed, epoch, position in global samples, global batch); epoch and
     samples_consumed default to data.epoch and step * data.global_batch. scheduler: {"type": str, name: float}.
-    meta: {str: str} (stored under /meta). user: {name: tensor or number} (stored under /user).
+    meta: {str: str} (stored under /meta). run_dir is created if missing. user: {name: tensor or number} (stored under /user).
     fsync=False skips every fsync (faster, not crash-safe). Returns a SaveResult on every rank."""
     t0 = time.perf_counter()
     phases = {}
@@ -301,8 +301,12 @@ def save(run_dir, model, optimizer=None, *, step, data=None, epoch=None, samples
         name += fmt.CHECKPOINT_SUFFIX
     final_path = os.path.join(run_dir, name)
     partial_path = final_path + fmt.PARTIAL_SUFFIX
-    comm.raise_if_any(f"run directory '{run_dir}' does not exist or is not a directory"
-                      if rank == 0 and not os.path.isdir(run_dir) else None)
+    def make_run_dir():
+        try:
+            os.makedirs(run_dir, exist_ok=True)
+        except OSError as e:
+            raise CheckpointError(f"cannot create the run directory {run_dir}: {e.strerror}") from None
+    comm.raise_if_any(_capture(make_run_dir)[1] if rank == 0 else None)
     result = SaveResult(final_path, sum(d.nbytes for d in items))
     if rank == 0:
         st = os.statvfs(run_dir)

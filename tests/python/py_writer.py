@@ -65,10 +65,10 @@ def main():
         if rank == 1:
             m.fc2.bias.copy_(kept)
     try:
-        h5ddp_torch.save(os.path.join(out, "missing"), model, adamw, step=3)
-        raise AssertionError("a save into a missing directory succeeded")
+        h5ddp_torch.save(os.path.join(out, "sgd", "latest", "sub"), model, adamw, step=3)
+        raise AssertionError("a save into a run directory below a file succeeded")
     except h5ddp_torch.CheckpointError as e:
-        assert "rank 0:" in str(e) and "missing" in str(e), e
+        assert str(e).startswith("rank 0: cannot create the run directory") and "latest/sub" in str(e), e
     print(f"rank {rank}: collective failures agreed", flush=True)
     torch.distributed.destroy_process_group()
 
