@@ -16,6 +16,7 @@ packages=(
   libfmt-dev libxxhash-dev zlib1g-dev
   dataset-fashion-mnist
   python3-torch python3-h5py
+  python3-mpi4py python3-h5py-mpi python3-xxhash
   clang-14 libclang-rt-14-dev libfuzzer-14-dev clang-format
   slurm-wlm munge
   strace gnuplot-nox

@@ -1,0 +1,19 @@
+"""h5ddp_torch: h5ddp checkpoints (docs/FORMAT.md) from PyTorch.
+
+    save(run_dir, model, optimizer, step=..., data=...)   collective: one file written by all ranks (MPI-IO)
+    resume(run_dir, model, optimizer)                      the newest valid checkpoint, or None
+    load(path, model, optimizer)                           one checkpoint
+    verify(path)                                           [] or the list of problems
+    DistributedSampler, DataState                          h5ddp's data order, bit for bit
+"""
+__version__ = "0.1.0"
+
+from .comm import get_comm, init_from_mpi  # noqa: E402
+from .errors import CheckpointError, CheckpointMismatchError, DisagreementError  # noqa: E402
+from .loader import LoadResult, load, resume  # noqa: E402
+from .sampler import DataState, DistributedSampler  # noqa: E402
+from .verify import verify  # noqa: E402
+from .writer import SaveResult, save  # noqa: E402
+
+__all__ = ["save", "load", "resume", "verify", "init_from_mpi", "get_comm", "DataState", "DistributedSampler",
+           "LoadResult", "SaveResult", "CheckpointError", "CheckpointMismatchError", "DisagreementError"]

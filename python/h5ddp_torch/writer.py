@@ -1,0 +1,406 @@
+"""save: a collective checkpoint of a torch.distributed job, ONE file written by all ranks with MPI-IO, in
+docs/FORMAT.md's layout and with its commit protocol:
+
+  plan      the datasets (model, optimizer state keyed by parameter name, counters, data position, every
+            rank's RNG row), each rank's byte share (rows), agreement on structure and replicas
+  write     <name>.partial created by all ranks (parallel HDF5), each rank writes the rows of its share;
+            XXH3-64 of each dataset by the rank that wrote it (by every rank when it is split, and compared)
+  commit    close, fsync on every rank, rename (the commit point), fsync dir, latest.tmp + fsync + rename
+            to latest + fsync dir, retention
+"""
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import xxhash
+
+from . import __version__
+from . import format as fmt
+from . import h5
+from .comm import get_comm
+from .commit import apply_retention, fsync_path, write_latest
+from .errors import CheckpointError, DisagreementError
+from .sampler import DataState
+from .state import model_tensors, optimizer_entries, rng_states, to_numpy
+
+# Largest single write (as the C++ writer: MPI-IO counts are ints).
+MAX_TRANSFER_BYTES = 1 << 30
+
+
+@dataclass
+class SaveResult:
+    path: str
+    bytes: int = 0             # payload bytes of all datasets
+    bytes_this_rank: int = 0   # what this rank wrote
+    seconds: float = 0.0
+    phases: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Item:
+    path: str
+    array: np.ndarray  # the stored bytes, C-contiguous
+    dtype: str         # h5ddp dtype name, or "string"
+    tensor: bool       # model/optimizer/user tensor: hashed by the rank that writes it
+    checksum: int = 0
+
+    @property
+    def nbytes(self):
+        return self.array.nbytes
+
+    @property
+    def rows(self):
+        return self.array.shape[0] if self.array.ndim else 1
+
+    @property
+    def row_bytes(self):
+        return self.nbytes // self.rows if self.rows else 0
+
+
+def _bytes(a):
+    """The bytes of a C-contiguous array as a flat uint8 view (also for 0-d and empty arrays)."""
+    return a.reshape(-1).view(np.uint8)
+
+
+def _hash(a):
+    return xxhash.xxh3_64_intdigest(_bytes(a))
+
+
+def _sample_hash(a):
+    """A cheap fingerprint for comparing replicas before writing: all of a small array, 16 spread 4 KiB pieces
+    of a large one (the full comparison comes with the checksums)."""
+    b = _bytes(a)
+    if len(b) <= 1 << 16:
+        return _hash(a)
+    h = xxhash.xxh3_64()
+    for i in range(16):
+        start = (len(b) - 4096) * i // 15
+        h.update(b[start:start + 4096])
+    return h.intdigest()
+
+
+def _scalar(path, dtype, value):
+    return _Item(path, np.array(value, dtype=fmt.NUMPY_DTYPES[dtype]), dtype, False)
+
+
+def _strings(path, names):
+    encoded = [n.encode("utf-8") for n in names]
+    width = max([1] + [len(e) for e in encoded])
+    return _Item(path, np.array(encoded, dtype=f"S{width}"), "string", False)
+
+
+def _local_items(model, optimizer, step, epoch, samples_consumed, data, user):
+    items, seen = [], set()
+
+    def add(item):
+        if item.path in seen:
+            raise CheckpointError(f"two tensors map to the same dataset {item.path}")
+        seen.add(item.path)
+        items.append(item)
+
+    for key, t in model_tensors(model):
+        add(_Item(fmt.model_dataset(key), to_numpy(t, key), _dtype(t, key), True))
+    kind, groups, state = optimizer_entries(model, optimizer) if optimizer is not None else ("", [], [])
+    for pname, key, t in state:
+        add(_Item(fmt.optimizer_state_dataset(pname, key), to_numpy(t, f"{pname}/{key}"),
+                  _dtype(t, f"{pname}/{key}"), True))
+    for key, t in (user or {}).items():
+        t = t if torch.is_tensor(t) else torch.tensor(t)
+        add(_Item(fmt.user_dataset(key), to_numpy(t, key), _dtype(t, key), True))
+    for i, (_, names) in enumerate(groups):
+        if names:
+            add(_strings(f"{fmt.param_group_path(i)}/{fmt.PARAM_NAMES_DATASET}", names))
+    add(_scalar(fmt.TRAIN_STEP, "int64", step))
+    add(_scalar(fmt.TRAIN_EPOCH, "int64", epoch))
+    add(_scalar(fmt.TRAIN_SAMPLES_CONSUMED, "int64", samples_consumed))
+    add(_scalar(fmt.DATA_SEED, "uint64", data.seed))
+    add(_scalar(fmt.DATA_EPOCH, "int64", data.epoch))
+    add(_scalar(fmt.DATA_POSITION, "int64", data.position))
+    add(_scalar(fmt.DATA_GLOBAL_BATCH, "int64", data.global_batch))
+    return kind, groups, items
+
+
+def _dtype(t, what):
+    from .state import dtype_name
+    return dtype_name(t, what)
+
+
+def _rng_items(comm):
+    """Every rank's generator rows, gathered so that every rank holds (and can checksum) the whole matrix."""
+    cpu, cuda = rng_states()
+    rows = comm.allgather((cpu, cuda))
+    items = []
+    for which, path in ((0, fmt.RNG_CPU), (1, fmt.RNG_CUDA)):
+        sizes = [len(r[which]) for r in rows]
+        if len(set(sizes)) != 1:
+            seen = ", ".join(f"rank {r}={s}" for r, s in enumerate(sizes))
+            raise DisagreementError(f"ranks disagree on the size of their {'CUDA' if which else 'CPU'} generator "
+                                    f"state: {seen}")
+        if which == 1 and sizes[0] == 0:
+            continue
+        m = np.frombuffer(b"".join(r[which] for r in rows), dtype=np.uint8).reshape(comm.size, sizes[0])
+        items.append(_Item(path, m, "uint8", False))
+    return items
+
+
+def compute_segments(items, world):
+    """[(item index, rank, row_begin, row_end)]: the concatenated bytes of all datasets split into `world`
+    contiguous shares at row granularity (a row belongs to the share holding its first byte); the same split as
+    the C++ writer's (src/checkpoint/checkpoint_plan.cpp)."""
+    total = sum(d.nbytes for d in items)
+    bound = [total * r // world for r in range(world + 1)]
+    out, offset = [], 0
+    for i, d in enumerate(items):
+        rows, rb, n = d.rows, d.row_bytes, d.nbytes
+        if n == 0:
+            continue
+
+        def first_row(r):
+            if r >= world:
+                return rows
+            b = bound[r]
+            return 0 if b <= offset else min(rows, (b - offset + rb - 1) // rb)
+
+        for r in range(world):
+            begin, end = first_row(r), first_row(r + 1)
+            if end > begin:
+                out.append((i, r, begin, end))
+        offset += n
+    return out
+
+
+def _describe(items, kind, groups, scheduler, meta):
+    lines = [f"{d.path}|{d.dtype}|{d.array.dtype.str}|{list(d.array.shape)}" for d in items]
+    lines.append(f"optimizer={kind}")
+    for hyper, _ in groups:
+        lines += [f"hyper {k}={float(v).hex()}" for k, v in sorted(hyper.items())]
+    lines.append(f"scheduler={scheduler.get('type', 'none')}")
+    lines += [f"sched {k}={float(v).hex()}" for k, v in sorted(scheduler.items()) if k != "type"]
+    lines += [f"meta {k}={v}" for k, v in sorted(meta.items())]
+    return xxhash.xxh3_64_intdigest("\n".join(lines).encode())
+
+
+def _agree_on_plan(comm, items, structure):
+    all_structures = comm.allgather((structure, len(items)))
+    if len({s for s, _ in all_structures}) != 1:
+        seen = "; ".join(f"rank {r}: {n} datasets, structure hash {s:#x}" for r, (s, n) in enumerate(all_structures))
+        raise DisagreementError("ranks disagree on the checkpoint's datasets (names, dtypes, shapes) or attributes; "
+                                f"no file written: {seen}")
+    mine = [_sample_hash(d.array) for d in items]
+    differ = [items[i].path for i, col in enumerate(zip(*comm.allgather(mine))) if len(set(col)) != 1]
+    if differ:
+        raise DisagreementError("replicated state differs between ranks; no file written: " + ", ".join(differ))
+
+
+def _write_rows(ds, d, begin, end):
+    if d.array.ndim == 0:
+        ds[()] = d.array
+        return
+    per = max(1, MAX_TRANSFER_BYTES // d.row_bytes) if d.row_bytes else end - begin
+    for b in range(begin, end, per):
+        e = min(end, b + per)
+        ds[b:e] = d.array[b:e]
+
+
+def _utc_now():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _create_structure(f, items, kind, groups, scheduler, meta, world, step, created):
+    import h5py
+
+    f.attrs[fmt.ATTR_FORMAT] = fmt.FORMAT_NAME
+    f.attrs[fmt.ATTR_FORMAT_VERSION] = np.int64(fmt.FORMAT_VERSION)
+    f.attrs[fmt.ATTR_H5DDP_VERSION] = str(__version__)
+    f.attrs[fmt.ATTR_TORCH_VERSION] = str(meta.get("torch_version", "unknown"))
+    f.attrs[fmt.ATTR_CREATED] = str(created)
+    f.attrs[fmt.ATTR_WORLD_SIZE] = np.int64(world)
+    f.attrs[fmt.ATTR_STEP] = np.int64(step)
+    for g in (fmt.MODEL_GROUP, fmt.OPTIMIZER_GROUP, fmt.PARAM_GROUPS_GROUP, fmt.OPTIMIZER_STATE_GROUP,
+              fmt.TRAIN_GROUP, fmt.DATA_GROUP, fmt.RNG_GROUP):
+        f.require_group(g)
+    if any(d.path.startswith(fmt.USER_GROUP + "/") for d in items):
+        f.require_group(fmt.USER_GROUP)
+    f[fmt.OPTIMIZER_GROUP].attrs[fmt.ATTR_OPTIMIZER_TYPE] = str(kind)
+    for i, (hyper, _) in enumerate(groups):
+        g = f.require_group(fmt.param_group_path(i))
+        for k, v in hyper.items():
+            g.attrs[k] = np.float64(v)
+    sched = f.require_group(fmt.SCHEDULER_GROUP)
+    sched.attrs[fmt.ATTR_SCHEDULER_TYPE] = str(scheduler.get("type", "none"))
+    for k, v in scheduler.items():
+        if k != "type":
+            sched.attrs[k] = np.float64(v)
+    m = f.require_group(fmt.META_GROUP)
+    for k, v in meta.items():
+        m.attrs[k] = str(v)
+    dsets = []
+    for d in items:
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)  # storage is allocated at creation: no pass of fill values
+        ds = f.create_dataset(d.path, shape=d.array.shape, dtype=d.array.dtype, dcpl=dcpl)
+        ds.attrs[fmt.ATTR_DTYPE] = d.dtype
+        dsets.append(ds)
+    return dsets
+
+
+def _capture(fn):
+    """Runs fn; returns (result, error message or None)."""
+    try:
+        return fn(), None
+    except Exception as e:  # noqa: BLE001 - every error is agreed between ranks, then raised on all of them
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return None, e if isinstance(e, CheckpointError) else f"{type(e).__name__}: {msg}"
+
+
+def save(run_dir, model, optimizer=None, *, step, data=None, epoch=None, samples_consumed=None, scheduler=None,
+         meta=None, user=None, keep_last=3, keep_every=0, fsync=True, name=None, comm=None):
+    """Collective: every rank of the job calls it with its replica of the model and optimizer (DDP keeps them
+    equal; a difference is an error and nothing is written). Writes <run_dir>/ckpt-<step>.h5 (or `name`) and
+    moves `latest`, then keeps the `keep_last` newest checkpoints (0: all) and every step multiple of
+    `keep_every`.
+
+    data: a DataState (sampler seed, epoch, position in global samples, global batch); epoch and
+    samples_consumed default to data.epoch and step * data.global_batch. scheduler: {"type": str, name: float}.
+    meta: {str: str} (stored under /meta). run_dir is created if missing. user: {name: tensor or number} (stored under /user).
+    fsync=False skips every fsync (faster, not crash-safe). Returns a SaveResult on every rank."""
+    t0 = time.perf_counter()
+    phases = {}
+    comm = get_comm(comm)
+    rank, world = comm.rank, comm.size
+    data = data or DataState()
+    epoch = data.epoch if epoch is None else epoch
+    samples_consumed = step * data.global_batch if samples_consumed is None else samples_consumed
+    scheduler = dict(scheduler or {"type": "none"})
+    meta = dict(meta or {})
+    meta.setdefault("torch_version", str(torch.__version__))
+    meta.setdefault("writer", f"h5ddp_torch {__version__}")
+
+    steps = comm.allgather(int(step))
+    if len(set(steps)) != 1:
+        raise DisagreementError("ranks disagree on the checkpoint step: " +
+                                ", ".join(f"rank {r}={s}" for r, s in enumerate(steps)))
+    planned, err = _capture(lambda: _local_items(model, optimizer, step, epoch, samples_consumed, data, user))
+    comm.raise_if_any(err)
+    kind, groups, items = planned
+    if kind:
+        meta.setdefault("optimizer", kind)
+    items += _rng_items(comm)
+    _agree_on_plan(comm, items, _describe(items, kind, groups, scheduler, meta))
+    segments = compute_segments(items, world)
+    pieces = [0] * len(items)
+    for i, _, _, _ in segments:
+        pieces[i] += 1
+    phases["plan"] = time.perf_counter() - t0
+
+    name = name or fmt.checkpoint_file_name(step)
+    if not name.endswith(fmt.CHECKPOINT_SUFFIX):
+        name += fmt.CHECKPOINT_SUFFIX
+    final_path = os.path.join(run_dir, name)
+    partial_path = final_path + fmt.PARTIAL_SUFFIX
+    def make_run_dir():
+        try:
+            os.makedirs(run_dir, exist_ok=True)
+        except OSError as e:
+            raise CheckpointError(f"cannot create the run directory {run_dir}: {e.strerror}") from None
+    comm.raise_if_any(_capture(make_run_dir)[1] if rank == 0 else None)
+    result = SaveResult(final_path, sum(d.nbytes for d in items))
+    if rank == 0:
+        st = os.statvfs(run_dir)
+        needed = result.bytes + result.bytes // 16 + (1 << 20)
+        free = st.f_bavail * st.f_frsize
+        comm.raise_if_any(f"not enough space for {partial_path}: needs about {needed} bytes, {free} available "
+                          "(disk full?)" if free < needed else None)
+    else:
+        comm.raise_if_any(None)
+    created = comm.bcast(_utc_now())
+
+    f = None
+    try:
+        t = time.perf_counter()
+        f, err = _capture(lambda: h5.create_file(partial_path, comm))
+        comm.raise_if_any(err)
+        dsets, err = _capture(lambda: _create_structure(f, items, kind, groups, scheduler, meta, world, step, created))
+        comm.raise_if_any(err if err is None else f"creating {partial_path}: {err}")
+        phases["create"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        error = None
+        for i, r, begin, end in segments:
+            if r != rank or error:
+                continue
+            _, error = _capture(lambda: _write_rows(dsets[i], items[i], begin, end))
+            if error:
+                error = f"{error} (writing rows [{begin}, {end}) of {items[i].path} to {partial_path})"
+            result.bytes_this_rank += (end - begin) * items[i].row_bytes
+        comm.raise_if_any(error)
+        phases["write"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        # The checksum of a tensor comes from the rank that wrote it whole; a split, empty or small dataset is
+        # hashed by every rank and the hashes must agree (the bytes from different replicas must be the same).
+        owner = [-1] * len(items)
+        for i, r, _, _ in segments:
+            if items[i].tensor and pieces[i] == 1:
+                owner[i] = r
+        mine = [_hash(d.array) if owner[i] in (-1, rank) else None for i, d in enumerate(items)]
+        differ = []
+        for i, col in enumerate(zip(*comm.allgather(mine))):
+            values = {v for v in col if v is not None}
+            if len(values) != 1:
+                differ.append(items[i].path)
+            items[i].checksum = min(values)
+        comm.raise_if_any("replicated state differs between ranks (full checksums disagree); nothing is "
+                          "committed: " + ", ".join(differ) if differ else None, DisagreementError)
+        _, err = _capture(lambda: [ds.attrs.__setitem__(fmt.ATTR_CHECKSUM, np.uint64(d.checksum))
+                                   for ds, d in zip(dsets, items)])
+        comm.raise_if_any(err)
+        phases["checksums"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        dsets = None
+        _, err = _capture(f.close)
+        f = None
+        comm.raise_if_any(err if err is None else f"closing {partial_path}: {err}")
+        if fsync:
+            _, err = _capture(lambda: fsync_path(partial_path))  # every rank flushes what its client wrote
+            comm.raise_if_any(err)
+        phases["close+fsync"] = time.perf_counter() - t
+    except BaseException:
+        if f is not None:
+            _capture(f.close)
+        if rank == 0:
+            _capture(lambda: os.remove(partial_path))
+        raise
+
+    t = time.perf_counter()
+    err = None
+    if rank == 0:
+        def commit():
+            try:
+                os.rename(partial_path, final_path)  # the commit point
+            except OSError as e:
+                raise CheckpointError(f"cannot rename {partial_path} to {final_path}: {e.strerror}") from None
+            if fsync:
+                fsync_path(run_dir, directory=True)
+        _, err = _capture(commit)
+        if err:
+            _capture(lambda: os.remove(partial_path))
+    comm.raise_if_any(err)
+    if rank == 0:
+        _, err = _capture(lambda: write_latest(run_dir, name, fsync))
+    comm.raise_if_any(err)
+    if rank == 0:
+        apply_retention(run_dir, keep_last, keep_every, name, _warn)
+    comm.barrier()  # every rank returns with the directory in its final state
+    phases["commit"] = time.perf_counter() - t
+    result.seconds = time.perf_counter() - t0
+    result.phases = phases
+    return result
+
+
+def _warn(msg):
+    print(f"h5ddp_torch: warning: {msg}", file=sys.stderr, flush=True)

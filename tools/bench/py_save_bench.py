@@ -1,0 +1,93 @@
+"""h5ddp_torch.save at N ranks against the folk way, rank 0's torch.save of the same state, side by side.
+
+  mpirun -np 2 /usr/bin/python3 tools/bench/py_save_bench.py --dir /tmp/bench --hidden 4096,4096,4096 --repeat 3
+
+The state: docs/MODELS.md's Mlp with --hidden widths, Adam after one step (weights + exp_avg + exp_avg_sq). Both
+ways are durable: h5ddp_torch.save with fsync (every rank fsyncs the file, rank 0 the directory and `latest`, as
+docs/FORMAT.md's protocol); torch.save to <dir>/folk.pt, then fsync of the file and of the directory. Both are timed
+from the first rank's entry to the last rank's exit (a barrier, then the max over ranks). The page cache is dropped
+before each save when the process may (root): echo 3 > /proc/sys/vm/drop_caches after a sync. Rank 0 prints one
+RESULT line per way with the median seconds and GB/s, and the ratio."""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(SOURCE, "python"))
+sys.path.insert(0, os.path.join(SOURCE, "tests", "interop"))
+import h5ddp_torch  # noqa: E402
+import interop_common as ic  # noqa: E402
+
+
+def drop_caches():
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError:
+        pass
+
+
+def folk_save(path, model, opt, rank):
+    if rank == 0:
+        torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict()}, path)
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+        os.fsync(fd)
+        os.close(fd)
+
+
+def timed(fn):
+    torch.distributed.barrier()
+    t = time.perf_counter()
+    fn()
+    torch.distributed.barrier()
+    return time.perf_counter() - t
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--dir", required=True)
+    p.add_argument("--hidden", default="4096,4096,4096")
+    p.add_argument("--repeat", type=int, default=3)
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    rank, world = h5ddp_torch.init_from_mpi("gloo")
+    Mlp = ic.model_classes(SOURCE)[1]
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(Mlp(tuple(int(h) for h in a.hidden.split(","))))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    F.cross_entropy(model(torch.randn(8, 784)), torch.randint(0, 10, (8,))).backward()
+    opt.step()
+    nbytes = sum(t.numel() * t.element_size() for t in model.module.state_dict().values()) + \
+        sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
+    run_dir = os.path.join(a.dir, "h5ddp")
+    os.makedirs(run_dir, exist_ok=True)
+    times = {"h5ddp_torch": [], "torch.save": []}
+    for i in range(a.repeat):
+        for way in ("torch.save", "h5ddp_torch"):  # alternate, so drift in the machine's load hits both
+            if rank == 0:
+                drop_caches()
+            if way == "torch.save":
+                s = timed(lambda: folk_save(os.path.join(a.dir, "folk.pt"), model, opt, rank))
+            else:
+                s = timed(lambda: h5ddp_torch.save(run_dir, model, opt, step=i + 1, keep_last=1, fsync=True))
+            times[way].append(s)
+    if rank == 0:
+        med = {k: statistics.median(v) for k, v in times.items()}
+        for k, v in times.items():
+            print(f"RESULT way={k} ranks={world} bytes={nbytes} median_s={med[k]:.3f} GBps={nbytes / med[k] / 1e9:.2f} "
+                  f"runs={','.join(f'{x:.3f}' for x in v)}")
+        print(f"RESULT speedup={med['torch.save'] / med['h5ddp_torch']:.2f} (torch.save time / h5ddp_torch time)")
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
