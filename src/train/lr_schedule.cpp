@@ -59,19 +59,20 @@ SchedulerState LrSchedule::to_state(int64_t step) const {
 LrSchedule LrSchedule::from_state(const SchedulerState& s) {
   if (s.type != "constant" && s.type != "step" && s.type != "cosine")
     throw CheckpointError("unknown learning-rate schedule '" + s.type + "' in checkpoint");
-  auto get = [&](const char* k) {
+  // Values a schedule's type needs must be there; the others (a writer of another kind may omit them) default.
+  auto get = [&](const char* k, bool needed, double fallback) {
     auto it = s.values.find(k);
-    if (it == s.values.end()) throw CheckpointError(std::string("scheduler state lacks '") + k + "'");
-    return it->second;
+    if (it != s.values.end()) return it->second;
+    if (needed) throw CheckpointError("the " + s.type + " learning-rate schedule in checkpoint lacks '" + k + "'");
+    return fallback;
   };
   LrSchedule l;
   l.type = s.type;
-  l.base_lr = get("base_lr");
-  l.step_size = static_cast<int64_t>(get("step_size"));
-  l.gamma = get("gamma");
-  l.total_steps = static_cast<int64_t>(get("total_steps"));
-  auto w = s.values.find("warmup_steps");
-  l.warmup_steps = w == s.values.end() ? 0 : static_cast<int64_t>(w->second);
+  l.base_lr = get("base_lr", true, 0);
+  l.step_size = static_cast<int64_t>(get("step_size", s.type == "step", 1));
+  l.gamma = get("gamma", s.type == "step", 0.1);
+  l.total_steps = static_cast<int64_t>(get("total_steps", s.type == "cosine", 1));
+  l.warmup_steps = static_cast<int64_t>(get("warmup_steps", false, 0));  // absent in files written before it existed
   return l;
 }
 

@@ -412,20 +412,28 @@ class Trainer {
   void continue_schedule() {
     const SchedulerState& s = info_.scheduler;
     if (s.type.empty() || s.type == "none") return;  // a file without a schedule (import, library): ours
-    const LrSchedule saved = LrSchedule::from_state(s);
+    LrSchedule saved;
     std::string err;
-    if (!saved.same_shape(schedule_))
+    try {
+      saved = LrSchedule::from_state(s);
+    } catch (const Error& e) {
+      err = info_.path + ": " + e.what();
+    }
+    if (err.empty() && !saved.same_shape(schedule_))
       err = "the checkpoint " + info_.path + " continues the lr schedule " + saved.describe() +
             "; this run's options ask for " + schedule_.describe() +
             ": pass --replan-lr-schedule to change it from step " + std::to_string(info_.step);
     comm_.raise_if_any(err);
-    if (saved.total_steps != schedule_.total_steps && root_)
+    if (saved.type != "cosine") {  // only cosine depends on the horizon
+      saved.total_steps = schedule_.total_steps;
+    } else if (saved.total_steps != schedule_.total_steps && root_) {
       log::root_info("note: the lr schedule keeps the checkpoint's horizon of " + std::to_string(saved.total_steps) +
                      " steps (this run plans " + std::to_string(schedule_.total_steps) +
-                     (saved.type == "cosine" && schedule_.total_steps > saved.total_steps
+                     (schedule_.total_steps > saved.total_steps
                           ? "; steps past the horizon run at the schedule's end value, lr 0"
                           : "") +
                      "); --replan-lr-schedule plans it over this run");
+    }
     schedule_ = saved;
   }
 
