@@ -334,7 +334,7 @@ def measured_lr(run_dir, i, tag, batch=64, extra=()):
     """The learning rate step i+1 of the run in run_dir (checkpoints at i and i+1, PLAIN_SGD) really used:
     the same step redone from checkpoint i at lr 1 gives the gradient g; the run moved the weights by -lr * g."""
     d = scratch(tag)
-    train(d, *PLAIN_SGD[:-2], "--lr", 1, "--lr-schedule", "constant", "--resume", ckpt(run_dir, i),
+    train(d, *PLAIN_SGD[:-2], "--lr", 1, "--lr-schedule", "constant", "--replan-lr-schedule", "--resume", ckpt(run_dir, i),
           "--max-steps", i + 1, *extra, batch=batch)
     w0, w1, wg = weights(ckpt(run_dir, i)), weights(ckpt(run_dir, i + 1)), weights(ckpt(d, i + 1))
     keys = sorted(w0)
