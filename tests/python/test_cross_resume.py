@@ -5,6 +5,8 @@ it. The losses of the 3 steps after each resume must match what PyTorch computes
   - h5ddp-train prints its losses with 4 decimals only, so its exact loss of step k is recomputed by PyTorch from
     h5ddp-train's own checkpoint of step k-1 (weights, every rank's RNG row, data position: pt_loop.step_loss);
     the printed value must agree with that to its 4 decimals;
+  - h5ddp-train's metrics log (RUN_DIR/metrics.jsonl, --log-every 1) has its losses at full precision: they must
+    match PyTorch's directly too;
   - the PyTorch job reports its losses at full precision.
 The final states (step 6) of the resumed run and of the uninterrupted run of the other side must agree too (weights
 and optimizer state within 1e-5, data position and RNG rows exactly)."""
@@ -39,6 +41,14 @@ def cpp_run(args, run_dir):
                       str(STEPS), "--batch-size", "16", "--no-fsync", "--keep-last", "0", "--log-every", "1",
                       "--checkpoint-every-steps", "1"), timeout=180)
     return p.stdout + p.stderr
+
+
+def logged_losses(run_dir):
+    """h5ddp-train's own losses at full precision, {step: mean over ranks}, from RUN_DIR/metrics.jsonl
+    (--log-every 1: one "train" record per step)."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    return {r["step"]: r["loss"] for r in recs if r["event"] == "train"}
 
 
 def ckpt(run_dir, step):
@@ -85,6 +95,10 @@ def main():
             print(f"pytorch->h5ddp step {k}: h5ddp-train {exact:.9f} (printed {printed[k]}), pytorch {pt_losses[k]:.9f}")
             assert abs(exact - pt_losses[k]) <= TOL, f"step {k}: {exact} vs {pt_losses[k]}"
             assert abs(printed[k] - pt_losses[k]) <= 0.5e-4 + TOL, f"step {k}: printed {printed[k]} vs {pt_losses[k]}"
+        logged = logged_losses(w("a"))  # h5ddp-train's own full-precision losses of the resumed steps
+        assert sorted(logged) == list(range(RESUME_AT + 1, STEPS + 1)), logged
+        for k, v in logged.items():
+            assert abs(v - pt_losses[k]) <= TOL, f"step {k}: h5ddp-train logged {v}, PyTorch computed {pt_losses[k]}"
         compare_states(ckpt(w("a"), STEPS), ckpt(w("pt"), STEPS))
 
         # h5ddp-train -> PyTorch: resume h5ddp-train's step-3 checkpoint.
@@ -93,9 +107,11 @@ def main():
         out, losses = pt_run(args, w("b"), w("b.json"))
         assert f"resumed from {ckpt(w('b'), RESUME_AT)} at step {RESUME_AT}" in out, out
         assert sorted(losses) == list(range(RESUME_AT + 1, STEPS + 1)), losses
+        cpp_logged = logged_losses(w("cpp"))
         for k, v in losses.items():
             print(f"h5ddp->pytorch step {k}: pytorch {v:.9f}, h5ddp-train {cpp_exact[k]:.9f} (printed {cpp_printed[k]})")
             assert abs(v - cpp_exact[k]) <= TOL, f"step {k}: {v} vs {cpp_exact[k]}"
+            assert abs(v - cpp_logged[k]) <= TOL, f"step {k}: PyTorch {v}, h5ddp-train logged {cpp_logged[k]}"
         compare_states(ckpt(w("b"), STEPS), ckpt(w("cpp"), STEPS))
     print("PASS")
 
