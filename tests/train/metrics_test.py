@@ -88,11 +88,12 @@ def test_stop_signal_logged():
 
 
 def test_eval_and_keep_best():
-    """--eval-every-steps 4 --keep-best --keep-last 1 over 16 steps: an 'eval' record every 4 steps; RUN_DIR/best
-    names a checkpoint that still exists whose meta says the best accuracy of the log; retention kept it.
+    """--eval-every-steps 4 --keep-best --keep-last 1 over 18 steps: an 'eval' record every 4 steps; RUN_DIR/best
+    names a checkpoint that still exists whose meta says the best accuracy of the log; retention kept it beside
+    the newest (step 18, after the last evaluation, so the best is never the newest).
     Catches: evaluations missing or per-rank, best not kept by retention, best not the maximum."""
     d = pt.scratch("metrics-best")
-    pt.train(d, "--max-steps", 16, "--eval-every-steps", 4, "--keep-best", "--keep-last", 1,
+    pt.train(d, "--max-steps", 18, "--eval-every-steps", 4, "--keep-best", "--keep-last", 1,
              "--checkpoint-every-steps", 2, "--lr", "0.01")
     evals = events(d, "eval")
     fl.check([e["step"] for e in evals] == [4, 8, 12, 16], f"eval steps {[e['step'] for e in evals]}")
@@ -107,7 +108,7 @@ def test_eval_and_keep_best():
     fl.check(abs(float(meta["eval_accuracy"]) - best_acc) < 1e-6 and int(meta["eval_step"]) == best_step,
              f"meta of {name}: {meta}")
     left = sorted(f for f in os.listdir(d) if f.startswith("ckpt-"))
-    fl.check(set(left) == {name, "ckpt-00000016.h5"}, f"files left {left}")
+    fl.check(set(left) == {name, "ckpt-00000018.h5"}, f"files left {left}")
     return f"best {best_acc:.4f} at step {best_step}"
 
 
