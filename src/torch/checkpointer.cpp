@@ -203,26 +203,17 @@ const std::string& Checkpointer::optimizer_type() const {
 
 void Checkpointer::track(const std::string& name, torch::Tensor tensor) {
   H5DDP_CHECK(tensor.defined(), "Checkpointer::track(" + name + "): undefined tensor");
-  Tracked t;
-  t.name = name;
-  t.tensor = std::move(tensor);
-  impl_->tracked.push_back(std::move(t));
+  impl_->tracked.push_back(Tracked{name, std::move(tensor), nullptr, nullptr, {}});
 }
 
 void Checkpointer::track(const std::string& name, int64_t* value) {
   H5DDP_CHECK(value != nullptr, "Checkpointer::track(" + name + "): null pointer");
-  Tracked t;
-  t.name = name;
-  t.i64 = value;
-  impl_->tracked.push_back(std::move(t));
+  impl_->tracked.push_back(Tracked{name, {}, value, nullptr, {}});
 }
 
 void Checkpointer::track(const std::string& name, double* value) {
   H5DDP_CHECK(value != nullptr, "Checkpointer::track(" + name + "): null pointer");
-  Tracked t;
-  t.name = name;
-  t.f64 = value;
-  impl_->tracked.push_back(std::move(t));
+  impl_->tracked.push_back(Tracked{name, {}, nullptr, value, {}});
 }
 
 void Checkpointer::set_keep_files(std::vector<std::string> file_names) {

@@ -11,6 +11,7 @@
 
 #include "checkpoint/checkpoint_fixture.hpp"
 #include "checkpoint/format.hpp"
+#include "corrupt_dataset.hpp"
 #include "h5/h5.hpp"
 #include "h5ddp/error.hpp"
 #include "test_util.hpp"
@@ -41,28 +42,6 @@ std::vector<std::string> files_in(const std::string& dir) {
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
-}
-
-// Rank 0 flips one byte in the middle of `dataset`'s stored data.
-void corrupt_dataset(const std::string& path, const std::string& dataset) {
-  if (test::world().rank() == 0) {
-    haddr_t offset;
-    hsize_t size;
-    {
-      h5::Handle f = h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
-      h5::Handle ds = h5::dataset(H5Dopen2(f, dataset.c_str(), H5P_DEFAULT));
-      offset = H5Dget_offset(ds);
-      size = H5Dget_storage_size(ds);
-    }
-    std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
-    io.seekg(static_cast<std::streamoff>(offset + size / 2));
-    char c = 0;
-    io.read(&c, 1);
-    c = static_cast<char>(c ^ 0x5a);
-    io.seekp(static_cast<std::streamoff>(offset + size / 2));
-    io.write(&c, 1);
-  }
-  test::world().barrier();
 }
 
 class SaveLoad : public testing::TestWithParam<std::tuple<int, int>> {};
@@ -228,7 +207,7 @@ TEST(Checkpoint, CorruptBytesRaiseChecksumErrorNamingTheDataset) {
   const std::string dir = test::scratch_dir("corrupt");
   OwnedState s(7, world.rank());
   const std::string path = save_checkpoint(world, s.state, dir).path;
-  corrupt_dataset(path, "/model/big.weight");
+  test::corrupt_dataset(path, "/model/big.weight");
   for (LoadStrategy strategy : {LoadStrategy::kShareExchange, LoadStrategy::kEveryRankReads}) {
     OwnedState dst(7, world.rank(), false);
     LoadOptions lo;
@@ -271,7 +250,7 @@ TEST(Checkpoint, DirectAndPageCacheLoadsRestoreTheSameBytes) {
         << "mode " << static_cast<int>(mode) << ": "
         << testing::PrintToString(test::differing_tensors(s.state, dst.state));
   }
-  corrupt_dataset(path, "/model/big.weight");
+  test::corrupt_dataset(path, "/model/big.weight");
   OwnedState dst(11, world.rank(), false);
   LoadOptions lo;
   lo.direct_io = LoadOptions::DirectIo::kOn;
@@ -352,7 +331,7 @@ TEST(Checkpoint, ResumeFallsBackWhenLatestIsMissingOrCorrupt) {
   EXPECT_EQ(find_resume_checkpoint(world, dir), std::nullopt);  // fresh run
   const std::vector<std::string> paths = save_steps(dir, {10, 20, 30});
   EXPECT_EQ(find_resume_checkpoint(world, dir), paths[2]);
-  corrupt_dataset(paths[2], "/model/conv1.weight");
+  test::corrupt_dataset(paths[2], "/model/conv1.weight");
   if (world.rank() == 0) {
     fs::remove(paths[1]);                                        // an older one is gone too
     std::ofstream(dir + "/ckpt-00000040.h5.partial") << "torn";  // never a checkpoint
@@ -384,7 +363,7 @@ TEST(Checkpoint, ResumeTakesTheHighestStepWhateverLatestSays) {
   EXPECT_EQ(c.latest_index, 1);
   EXPECT_EQ(find_resume_checkpoint(world, dir), paths[2]);
   // A damaged newest file falls back to the next one down.
-  corrupt_dataset(paths[2], "/model/conv1.weight");
+  test::corrupt_dataset(paths[2], "/model/conv1.weight");
   EXPECT_EQ(find_resume_checkpoint(world, dir), paths[1]);
   // `latest` naming a partial file (never written by h5ddp; garbage) is ignored, never tried.
   if (world.rank() == 0) fs::copy_file(paths[1], paths[1] + ".partial");

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "corrupt_dataset.hpp"
 #include "h5/h5.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/stop_signal.hpp"
@@ -79,29 +80,6 @@ bool equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>
   for (size_t i = 0; i < a.size(); ++i)
     if (!torch::equal(a[i], b[i])) return false;
   return true;
-}
-
-// Flips one byte in the middle of a dataset's storage (rank 0), so the load fails only at its checksum,
-// after the bytes were read into the destinations.
-void corrupt(const std::string& path, const std::string& dataset) {
-  if (test::world().rank() == 0) {
-    haddr_t offset;
-    hsize_t size;
-    {
-      h5::Handle f = h5::file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
-      h5::Handle ds = h5::dataset(H5Dopen2(f, dataset.c_str(), H5P_DEFAULT));
-      offset = H5Dget_offset(ds);
-      size = H5Dget_storage_size(ds);
-    }
-    std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
-    io.seekg(static_cast<std::streamoff>(offset + size / 2));
-    char c = 0;
-    io.read(&c, 1);
-    c = static_cast<char>(c ^ 0x5a);
-    io.seekp(static_cast<std::streamoff>(offset + size / 2));
-    io.write(&c, 1);
-  }
-  test::world().barrier();
 }
 
 std::string attr(const std::string& path, const char* name) {
@@ -177,7 +155,7 @@ TEST(Checkpointer, DamagedCandidateLeavesNothingHalfLoaded) {
     s.ckpt->save();
   }
   const std::string newest = dir + "/ckpt-00000004.h5", older = dir + "/ckpt-00000002.h5";
-  corrupt(newest, "/optimizer/state/fc2.weight/exp_avg_sq");
+  test::corrupt_dataset(newest, "/optimizer/state/fc2.weight/exp_avg_sq");
   {  // the damaged newest is skipped, the older one loads
     Trained r(dir);
     const ResumeInfo info = r.ckpt->resume();
@@ -185,7 +163,7 @@ TEST(Checkpointer, DamagedCandidateLeavesNothingHalfLoaded) {
     EXPECT_EQ(info.path, older);
     EXPECT_EQ(r.ckpt->step(), 2);
   }
-  corrupt(older, "/model/fc2.bias");
+  test::corrupt_dataset(older, "/model/fc2.bias");
   Trained r(dir);
   r.train(1);  // some optimizer state and weights of this process
   const auto before = r.weights();

@@ -6,7 +6,6 @@ Runs are the small MLP of promises_test.py (784->32->10, --no-fsync); every subp
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -171,15 +170,4 @@ TESTS = [test_restarts_logged_once_and_plotted, test_stop_signal_logged, test_ev
          test_schedule_horizon_kept_on_resume, test_warmup, test_grad_accum]
 
 if __name__ == "__main__":
-    names = [a if a.startswith("test_") else "test_" + a for a in sys.argv[2:]]
-    unknown = [n for n in names if n not in {t.__name__ for t in TESTS}]
-    if unknown:
-        print(f"unknown case(s): {unknown}", file=sys.stderr)
-        sys.exit(2)
-    if names:
-        os.environ["H5DDP_FAULTS_ONLY"] = ",".join(names)
-    rc = fl.main(TESTS)
-    if os.environ.get("H5DDP_KEEP_SCRATCH") != "1":
-        for d in pt._SCRATCH:
-            shutil.rmtree(d, ignore_errors=True)
-    sys.exit(rc)
+    pt.cli(TESTS)

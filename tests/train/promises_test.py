@@ -690,16 +690,22 @@ TESTS = [test_checkpoint_every_seconds, test_verify_replicas, test_second_sigint
          test_retention_default_keep_last, test_resume_smaller_batch, test_resume_larger_batch,
          test_watchdog_explicit_exit_70, test_watchdog_default_fires, test_watchdog_default_healthy]
 
-if __name__ == "__main__":
+def cli(tests):
+    """promises_test.py / metrics_test.py NP CASE...: runs the named cases (all without names), removes the
+    scratch directories (kept with H5DDP_KEEP_SCRATCH=1), exits with faultlib's code."""
     names = [a if a.startswith("test_") else "test_" + a for a in sys.argv[2:]]
-    unknown = [n for n in names if n not in {t.__name__ for t in TESTS}]
+    unknown = [n for n in names if n not in {t.__name__ for t in tests}]
     if unknown:
         print(f"unknown case(s): {unknown}", file=sys.stderr)
         sys.exit(2)
     if names:
         os.environ["H5DDP_FAULTS_ONLY"] = ",".join(names)
-    rc = fl.main(TESTS)
+    rc = fl.main(tests)
     if os.environ.get("H5DDP_KEEP_SCRATCH") != "1":
         for d in _SCRATCH:
             shutil.rmtree(d, ignore_errors=True)
     sys.exit(rc)
+
+
+if __name__ == "__main__":
+    cli(TESTS)
