@@ -1,12 +1,18 @@
 // Checkpointer: what a LibTorch training loop needs to checkpoint correctly under DDP, in one object.
 //
-//   h5ddp::Checkpointer ckpt(*comm, *model, optimizer, {.run_dir = "run", .every_steps = 100});
+//   h5ddp::CheckpointerOptions options;
+//   options.run_dir = "run";
+//   options.every_steps = 100;
+//   h5ddp::Checkpointer ckpt(*comm, *model, optimizer, options);
 //   ckpt.resume();                                   // newest checkpoint that loads, or a fresh start
 //   for (int64_t step = ckpt.step(); step < total;) {
 //     ... forward, backward, ddp.finish_backward(), optimizer.step(), sampler.advance(ckpt.data()) ...
 //     if (ckpt.step_end(++step).stop) return ckpt.exit_code();   // a signal: saved; 75 = requeue me
 //   }
 //   ckpt.finish();                                   // final save, background save committed
+//
+// State the loop tracks (track()) must be updated before step_end(): the save it may do takes the values
+// as they are. tools/examples/own_loop.cpp is a complete program.
 //
 // It saves the model's parameters and buffers, the optimizer's state (type deduced from the object),
 // every rank's random generators, the step counters, the data position and any tensor or scalar the
