@@ -138,6 +138,11 @@ std::optional<std::string> find_resume_checkpoint(Comm& comm, const std::string&
 // the new run's newest save. Rank 0 warns, naming them, when there are any.
 std::vector<std::string> warn_of_checkpoints_in_fresh_run_dir(Comm& comm, const std::string& run_dir);
 
+// Local (one rank). Replaces run_dir/<name> with `text` the way `latest` is moved: <name>.tmp written, fsynced,
+// renamed over, the directory fsynced (fsync false skips both fsyncs). For other pointers of a run directory
+// (h5ddp-train's `best`). Throws CheckpointError naming the file.
+void write_run_dir_pointer(const std::string& run_dir, const std::string& name, const std::string& text, bool fsync);
+
 // Collective. Full verification of one file (structure + every checksum), datasets shared among ranks.
 // Returns the problems found (empty = valid), the same list on every rank.
 std::vector<std::string> verify_checkpoint_collective(Comm& comm, const std::string& path);

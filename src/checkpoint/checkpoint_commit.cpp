@@ -28,22 +28,30 @@ void fsync_path(const std::string& path, bool directory) {
   if (rc != 0) throw CheckpointError("fsync of " + path + " failed: " + std::strerror(err));
 }
 
-void write_latest(const std::string& run_dir, const std::string& file_name, bool fsync) {
-  const fs::path tmp = fs::path(run_dir) / format::kLatestTmpFile;
-  const fs::path latest = fs::path(run_dir) / format::kLatestFile;
+// run_dir/<name> replaced by `text`: written to <name>.tmp, fsynced, renamed over, directory fsynced. The fault
+// phases (test hooks) fire after the write and after the rename.
+void replace_pointer_file(const std::string& run_dir, const std::string& name, const std::string& text, bool fsync,
+                          const char* written_phase, const char* renamed_phase) {
+  const fs::path tmp = fs::path(run_dir) / (name + ".tmp");
+  const fs::path target = fs::path(run_dir) / name;
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << file_name << "\n";
+    out << text;
     out.close();
     if (!out) throw CheckpointError("cannot write " + tmp.string());
   }
   if (fsync) fsync_path(tmp.string(), false);
-  maybe_inject_fault("latest_written", 0);  // only rank 0 moves `latest`
+  if (written_phase) maybe_inject_fault(written_phase, 0);
   std::error_code ec;
-  fs::rename(tmp, latest, ec);
-  if (ec) throw CheckpointError("cannot rename " + tmp.string() + " to " + latest.string() + ": " + ec.message());
-  maybe_inject_fault("latest_renamed", 0);
+  fs::rename(tmp, target, ec);
+  if (ec) throw CheckpointError("cannot rename " + tmp.string() + " to " + target.string() + ": " + ec.message());
+  if (renamed_phase) maybe_inject_fault(renamed_phase, 0);
   if (fsync) fsync_path(run_dir, true);
+}
+
+void write_latest(const std::string& run_dir, const std::string& file_name, bool fsync) {
+  // Only rank 0 moves `latest`.
+  replace_pointer_file(run_dir, format::kLatestFile, file_name + "\n", fsync, "latest_written", "latest_renamed");
 }
 
 // The file name `latest` holds, or "" when it is missing or unreadable.
@@ -92,6 +100,10 @@ void apply_retention(const std::string& run_dir, const SaveOptions& options, con
 }
 
 }  // namespace ckpt
+
+void write_run_dir_pointer(const std::string& run_dir, const std::string& name, const std::string& text, bool fsync) {
+  ckpt::replace_pointer_file(run_dir, name, text, fsync, nullptr, nullptr);
+}
 
 ResumeCandidates list_resume_candidates(Comm& comm, const std::string& run_dir) {
   // Rank 0 lists the directory and broadcasts the list. The rename of <name>.partial is the commit point: a

@@ -53,7 +53,6 @@ inline constexpr const char* kCheckpointPrefix = "ckpt-";
 inline constexpr const char* kCheckpointSuffix = ".h5";
 inline constexpr const char* kPartialSuffix = ".partial";
 inline constexpr const char* kLatestFile = "latest";
-inline constexpr const char* kLatestTmpFile = "latest.tmp";
 
 // "/model/<key>". Throws CheckpointError when the key is empty, contains '/', or starts with "module.".
 std::string model_dataset(const std::string& key);

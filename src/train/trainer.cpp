@@ -552,21 +552,16 @@ class Trainer {
     comm_.barrier();
   }
 
-  // Rank 0. RUN_DIR/best = "<file> <accuracy>", written to a temporary, fsynced and renamed (like `latest`).
+  // Rank 0. RUN_DIR/best = "<file> <accuracy>", moved like `latest` (write_run_dir_pointer). A failure is reported:
+  // the best checkpoint itself is committed either way.
   void write_best_pointer() const {
-    const std::string tmp = config_.run_dir + "/best.tmp";
     char line[512];
     std::snprintf(line, sizeof line, "%s %.6f\n", best_file_.c_str(), best_accuracy_);
-    std::FILE* f = std::fopen(tmp.c_str(), "w");
-    if (!f || std::fputs(line, f) < 0 || std::fflush(f) != 0 || (config_.fsync && ::fsync(::fileno(f)) != 0)) {
-      if (f) std::fclose(f);
-      log::warn("--keep-best: cannot write " + tmp);
-      return;
+    try {
+      write_run_dir_pointer(config_.run_dir, "best", line, config_.fsync);
+    } catch (const Error& e) {
+      log::warn(std::string("--keep-best: ") + e.what());
     }
-    std::fclose(f);
-    std::error_code ec;
-    std::filesystem::rename(tmp, config_.run_dir + "/best", ec);
-    if (ec) log::warn("--keep-best: cannot rename " + tmp + ": " + ec.message());
   }
 
   // Rank 0's metrics: a "train" record every metrics_interval_ steps (mean loss over the interval).
