@@ -64,6 +64,12 @@ class DistributedDataParallel {
   // .grad of every parameter to the average over ranks. Inside no_sync: does nothing.
   void finish_backward();
 
+  // Collective: broadcasts buffers (and frozen parameters) from rank 0 now. After a forward in training mode
+  // every rank has updated its own buffers (BatchNorm running statistics), which the next prepare_forward
+  // replaces with rank 0's; call this before saving or evaluating, so every rank holds what rank 0 holds
+  // (a checkpoint's replica check refuses buffers that differ between ranks). Does not change training.
+  void sync_buffers();
+
   // RAII scope in which gradients accumulate locally with no communication (gradient accumulation). The
   // first synchronised step after it reduces the accumulated .grad, as PyTorch's no_sync does.
   class NoSync {

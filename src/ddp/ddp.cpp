@@ -280,6 +280,13 @@ void DistributedDataParallel::prepare_forward() {
   armed_ = true;
 }
 
+void DistributedDataParallel::sync_buffers() {
+  if (buffers_.empty()) return;
+  const auto t0 = Clock::now();
+  broadcast_coalesced(comm_, options_.device_comm, buffers_, 0, options_.bucket_cap_bytes);
+  stats_.broadcast_seconds += seconds_since(t0);
+}
+
 void DistributedDataParallel::on_grad_ready(size_t index) {
   if (no_sync_) return;  // gradients accumulate in .grad locally
   // CUDA backward runs hooks on per-device autograd threads; a module on several devices needs the lock.

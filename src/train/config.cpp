@@ -64,6 +64,9 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
       "long options); the command line wins")("data-dir", po::value(&c.data_dir)->default_value(c.data_dir),
                                               "directory with the Fashion-MNIST "
                                               "*-ubyte.gz files")(
+      "data", po::value(&c.data_file),
+      "train on an HDF5 data set (/train/x, /train/y, /test/x, /test/y; "
+      "docs/DATA.md) instead of Fashion-MNIST; each rank reads only its rows")(
       "run-dir", po::value(&c.run_dir)->default_value(c.run_dir), "directory for checkpoints (created if missing)")(
       "threads", po::value(&c.threads)->default_value(c.threads), "LibTorch intra-op threads per rank")(
       "seed", po::value(&c.seed)->default_value(c.seed),
@@ -74,7 +77,9 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
       "dropout", po::value(&c.model.dropout)->default_value(c.model.dropout, "0.25"), "dropout probability in [0, 1)")(
       "mlp-hidden", po::value(&mlp_hidden)->default_value(mlp_hidden),
       "hidden layer widths of --model mlp, "
-      "comma separated");
+      "comma separated")("model-file", po::value(&c.model.file),
+                         "train a TorchScript module saved from Python (torch.jit.script(m).save(path)) "
+                         "instead of --model; its forward takes one batch tensor");
   po::options_description train("Training");
   train.add_options()("epochs", po::value(&c.epochs)->default_value(c.epochs), "epochs to train")(
       "max-steps", po::value(&c.max_steps)->default_value(c.max_steps),
@@ -237,7 +242,12 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
 }
 
 void validate_environment(const TrainConfig& c) {
-  check_fashion_mnist_dir(c.data_dir);
+  if (c.data_file.empty())
+    check_fashion_mnist_dir(c.data_dir);
+  else if (!fs::is_regular_file(c.data_file))
+    throw DataError("--data " + c.data_file + ": no such file");
+  if (!c.model.file.empty() && !fs::is_regular_file(c.model.file))
+    throw ConfigError("--model-file " + c.model.file + ": no such file");
   std::error_code ec;
   fs::create_directories(c.run_dir, ec);
   if (ec || !fs::is_directory(c.run_dir))

@@ -15,11 +15,13 @@ struct ModelSpec {
   std::string name = "cnn";                        // "cnn" | "mlp"
   double dropout = 0.25;                           // dropout probability in [0, 1)
   std::vector<int64_t> mlp_hidden = {1024, 1024};  // hidden widths of the MLP
+  std::string file;                                // --model-file: a TorchScript module (replaces name)
 };
 
 struct TrainConfig {
   ModelSpec model;
   std::string data_dir = kDefaultFashionMnistDir;
+  std::string data_file;  // --data: an HDF5 data set (docs/DATA.md) instead of Fashion-MNIST from data_dir
   int64_t epochs = 1;
   int64_t max_steps = 0;           // 0 = no limit: stop after `epochs` epochs
   int64_t batch_size = 120;        // GLOBAL batch over all ranks

@@ -1,6 +1,7 @@
 #include "train/models.hpp"
 
 #include "h5ddp/error.hpp"
+#include "h5ddp/script_module.hpp"
 
 namespace h5ddp {
 
@@ -64,6 +65,56 @@ std::shared_ptr<Model> make_model(const ModelSpec& spec) {
   if (spec.name == "cnn") return std::make_shared<CnnModel>(spec.dropout);
   if (spec.name == "mlp") return std::make_shared<MlpModel>(spec.mlp_hidden, spec.dropout);
   throw ConfigError("unknown model '" + spec.name + "' (cnn | mlp)");
+}
+
+TrainModel build_train_model(const ModelSpec& spec) {
+  TrainModel m;
+  if (!spec.file.empty()) {
+    auto script = ScriptModule::load(spec.file);
+    const int64_t n = parameter_count(*script);
+    m.description = "torchscript " + script->class_name() + " from " + spec.file + " (code " + script->code_hash() +
+                    "), " + std::to_string(n) + " parameters";
+    m.meta = {{"model", "torchscript"},
+              {"model_class", script->class_name()},
+              {"model_hash", script->code_hash()},
+              {"model_file", spec.file}};
+    m.forward = [script](const torch::Tensor& x) { return script->forward(x); };
+    m.module = script;
+    return m;
+  }
+  auto builtin = make_model(spec);
+  m.description = builtin->describe();
+  m.meta = {{"model", spec.name}, {"model_description", m.description}, {"dropout", std::to_string(spec.dropout)}};
+  if (spec.name == "mlp") {
+    std::string w;
+    for (int64_t h : spec.mlp_hidden) w += (w.empty() ? "" : ",") + std::to_string(h);
+    m.meta.emplace_back("mlp_hidden", w);
+  }
+  m.forward = [builtin](const torch::Tensor& x) { return builtin->forward(x); };
+  m.module = builtin;
+  return m;
+}
+
+std::string model_identity_difference(const std::map<std::string, std::string>& saved, const TrainModel& model) {
+  std::map<std::string, std::string> ours(model.meta.begin(), model.meta.end());
+  auto text = [](const std::map<std::string, std::string>& m) {
+    auto get = [&m](const char* k) {
+      auto it = m.find(k);
+      return it == m.end() ? std::string() : it->second;
+    };
+    std::string s = get("model");
+    if (!get("model_class").empty()) s += " " + get("model_class") + " (code " + get("model_hash") + ")";
+    if (!get("model_file").empty()) s += " from " + get("model_file");
+    return s;
+  };
+  bool differs = false;
+  for (const char* key : {"model", "model_class", "model_hash"}) {
+    auto a = saved.find(key);
+    auto b = ours.find(key);
+    if (a != saved.end() && b != ours.end() && a->second != b->second) differs = true;
+  }
+  if (!differs) return "";
+  return "it holds the model " + text(saved) + ", this run's model is " + text(ours);
 }
 
 }  // namespace h5ddp

@@ -4,8 +4,12 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "train/config.hpp"
 
@@ -49,6 +53,26 @@ class MlpModel final : public Model {
 // Local. Builds the model named in `spec` ("cnn" | "mlp"), initialised from the current default
 // generator (seed it first); throws ConfigError on an unknown name.
 std::shared_ptr<Model> make_model(const ModelSpec& spec);
+
+// What h5ddp-train trains: a built-in Model (spec.name) or a TorchScript module (spec.file, see
+// h5ddp/script_module.hpp) as the nn::Module that DDP and the Checkpointer see, its forward, and what a
+// checkpoint records about it.
+struct TrainModel {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+  std::string description;  // one line
+  // /meta strings: "model" (cnn | mlp | torchscript) and its settings; for a script also model_class,
+  // model_hash (its code) and model_file.
+  std::vector<std::pair<std::string, std::string>> meta;
+};
+
+// Local. Builds the built-in model (initialised from the current default generator: seed it first) or loads
+// the script (its saved weights). Throws ConfigError on an unknown name or a file that is not TorchScript.
+TrainModel build_train_model(const ModelSpec& spec);
+
+// Empty when the checkpoint's meta (`saved`) names the same model as `model`; otherwise why not, listing the
+// kind, class and code hash of both. Files without these keys (older, or from a library user) pass.
+std::string model_identity_difference(const std::map<std::string, std::string>& saved, const TrainModel& model);
 
 // Number of parameter elements.
 int64_t parameter_count(const torch::nn::Module& m);

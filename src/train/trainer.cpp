@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -23,7 +24,9 @@
 #include "h5ddp/sampler.hpp"
 #include "h5ddp/stop_signal.hpp"
 #include "torch/torch_state.hpp"
+#include "train/batch.hpp"
 #include "train/data.hpp"
+#include "train/dataset.hpp"
 #include "train/lr_schedule.hpp"
 #include "train/metrics.hpp"
 #include "train/models.hpp"
@@ -70,41 +73,21 @@ std::string shell_join(const std::vector<std::string>& args) {
   return out;
 }
 
-// The batch of `indices` as tensors: images [B, 1, 28, 28] and labels [B].
-std::pair<torch::Tensor, torch::Tensor> gather(const torch::Tensor& images, const torch::Tensor& labels,
-                                               const std::vector<int64_t>& indices) {
-  auto idx =
-      torch::from_blob(const_cast<int64_t*>(indices.data()), {static_cast<int64_t>(indices.size())}, torch::kLong);
-  return {images.index_select(0, idx), labels.index_select(0, idx)};
-}
-
 struct EvalResult {
-  double accuracy = 0;  // fraction of the test set classified correctly
-  double loss = 0;      // mean cross-entropy
+  double accuracy = -1;  // fraction of the test set classified correctly (-1: regression, no accuracy)
+  double loss = 0;       // mean cross-entropy (regression: mean squared error)
 };
 
 // Collective. Each rank scores a contiguous share of the test set; one allreduce sums the shares.
-EvalResult evaluate(Model& model, const ImageDataset& test, Comm& comm) {
-  torch::NoGradGuard no_grad;
-  model.eval();
-  const int64_t n = test.count, r = comm.rank(), w = comm.size();
-  const int64_t begin = n * r / w, end = n * (r + 1) / w;
-  auto images = torch::from_blob(const_cast<float*>(test.images.data()), {n, 1, test.rows, test.cols});
-  auto labels = torch::from_blob(const_cast<int64_t*>(test.labels.data()), {n}, torch::kLong);
-  double sums[2] = {0, 0};  // correct, summed loss
-  constexpr int64_t kEvalBatch = 1000;
-  for (int64_t b = begin; b < end; b += kEvalBatch) {
-    const int64_t e = std::min(end, b + kEvalBatch);
-    auto logits = model.forward(images.slice(0, b, e));
-    sums[0] += static_cast<double>(logits.argmax(1).eq(labels.slice(0, b, e)).sum().item<int64_t>());
-    sums[1] +=
-        torch::nn::functional::cross_entropy(logits, labels.slice(0, b, e),
-                                             torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-            .item<double>();
-  }
+EvalResult evaluate(const TrainModel& model, const Dataset& test, Comm& comm) {
+  model.module->eval();
+  const int64_t n = test.size(), r = comm.rank(), w = comm.size();
+  const ScoreSums s = score_rows(model.forward, test, n * r / w, n * (r + 1) / w);
+  double sums[2] = {s.correct, s.loss};
   comm.allreduce(sums, 2, DType::kF64, ReduceOp::kSum);
-  model.train();
-  return EvalResult{sums[0] / static_cast<double>(n), sums[1] / static_cast<double>(n)};
+  model.module->train();
+  return EvalResult{test.spec().classification ? sums[0] / static_cast<double>(n) : -1,
+                    sums[1] / static_cast<double>(n)};
 }
 
 // Rank 0's progress display: '\r'-updated line on a terminal, a line every `every` steps otherwise.
@@ -269,39 +252,87 @@ class Trainer {
     comm_.raise_if_any(err);
   }
 
-  // Collective. Every rank holds the whole (small) data set; the sampler picks each rank's share.
+  // Collective. Fashion-MNIST: every rank holds the whole (small) set. --data FILE.h5: each rank opens the file
+  // and later reads only the rows of its own batches (and its share of the test set). The sampler picks the rows.
   void load_data() {
     std::string err;
     try {
-      train_set_ = read_fashion_mnist(config_.data_dir, "train");
-      if (evaluates()) test_set_ = read_fashion_mnist(config_.data_dir, "t10k");
+      if (!config_.data_file.empty()) {
+        train_set_ = open_h5_dataset(config_.data_file, "train");
+        if (evaluates()) {
+          if (!h5_dataset_has_split(config_.data_file, "test"))
+            throw DataError("--data " + config_.data_file + " /test: missing; evaluation needs it (or pass --no-eval)");
+          test_set_ = open_h5_dataset(config_.data_file, "test");
+        }
+      } else {
+        train_set_ = images_dataset(read_fashion_mnist(config_.data_dir, "train"), "fashion-mnist train");
+        if (evaluates()) test_set_ = images_dataset(read_fashion_mnist(config_.data_dir, "t10k"), "fashion-mnist t10k");
+      }
+      if (test_set_ && test_set_->spec().shape != train_set_->spec().shape)
+        throw DataError("--data " + config_.data_file + ": /test samples are " + test_set_->spec().shape_text() +
+                        " but /train samples are " + train_set_->spec().shape_text());
     } catch (const std::exception& e) {
       err = e.what();
     }
     comm_.raise_if_any(err);
-    images_ = torch::from_blob(train_set_.images.data(), {train_set_.count, 1, train_set_.rows, train_set_.cols});
-    labels_ = torch::from_blob(train_set_.labels.data(), {train_set_.count}, torch::kLong);
+    if (root_ && !config_.data_file.empty()) log::root_info("data: " + train_set_->describe());
   }
 
   // Collective. Same initial weights everywhere (DDP broadcasts rank 0's anyway), then per-rank dropout streams.
   void build_model() {
     torch::manual_seed(config_.seed);
-    model_ = make_model(config_.model);
-    optimizer_ = make_optimizer(config_, model_->parameters());
-    ddp_ = std::make_unique<DistributedDataParallel>(model_, comm_);
-    ckpt_ = std::make_unique<Checkpointer>(comm_, *model_, *optimizer_, checkpointer_options(config_));
-    seed_rank_rng(config_.seed, comm_.rank());
-    if (root_) log::root_info("model: " + model_->describe());
-    ckpt_->set_meta("model", config_.model.name);
-    ckpt_->set_meta("model_description", model_->describe());
-    ckpt_->set_meta("dropout", std::to_string(config_.model.dropout));
-    if (config_.model.name == "mlp") {
-      std::string w;
-      for (int64_t h : config_.model.mlp_hidden) w += (w.empty() ? "" : ",") + std::to_string(h);
-      ckpt_->set_meta("mlp_hidden", w);
+    std::string err;
+    try {
+      model_ = build_train_model(config_.model);
+    } catch (const std::exception& e) {
+      err = e.what();
     }
+    comm_.raise_if_any(err);
+    check_data_fits_model();
+    optimizer_ = make_optimizer(config_, model_.module->parameters());
+    ddp_ = std::make_unique<DistributedDataParallel>(model_.module, comm_);
+    ckpt_ = std::make_unique<Checkpointer>(comm_, *model_.module, *optimizer_, checkpointer_options(config_));
+    seed_rank_rng(config_.seed, comm_.rank());
+    if (root_) log::root_info("model: " + model_.description);
+    for (const auto& [key, value] : model_.meta) ckpt_->set_meta(key, value);
     ckpt_->data().seed = config_.seed;
     ckpt_->data().global_batch = config_.batch_size;
+  }
+
+  // Collective (the same verdict everywhere). The model takes the samples (a forward of two of them in eval
+  // mode), and every label lies in [0, classes): each rank scans its share of the labels.
+  void check_data_fits_model() {
+    std::string err;
+    int64_t width = 0;
+    try {
+      model_.module->eval();
+      width = check_model_accepts(model_.forward, *train_set_);
+      model_.module->train();
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    if (err.empty() && config_.keep_best && !train_set_->spec().classification)
+      err = "--keep-best keeps the checkpoint of the best test accuracy; " + train_set_->describe() +
+            " has float targets (regression), which have none";
+    comm_.raise_if_any(err);
+    if (!train_set_->spec().classification) return;
+    for (const Dataset* d : {train_set_.get(), test_set_.get()}) {
+      if (!d) continue;
+      const int64_t n = d->size(), r = comm_.rank(), w = comm_.size();
+      int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
+      d->label_range(n * r / w, n * (r + 1) / w, lo, hi);
+      comm_.allreduce(&lo, 1, DType::kI64, ReduceOp::kMin);
+      comm_.allreduce(&hi, 1, DType::kI64, ReduceOp::kMax);
+      const int64_t classes = d->spec().num_classes > 0 ? d->spec().num_classes : width;
+      const std::string bound = d->spec().num_classes > 0 ? "the file's num_classes" : "the model's output width";
+      if (d->spec().num_classes > width)
+        err = d->label_source() + ": num_classes " + std::to_string(classes) + " but the model has " +
+              std::to_string(width) + " outputs";
+      else if (lo < 0 || hi >= classes)
+        err = d->label_source() + ": label " + std::to_string(lo < 0 ? lo : hi) + " outside [0, " +
+              std::to_string(classes) + ") (" + bound + ")";
+      comm_.raise_if_any(err);
+    }
   }
 
   // Collective. --resume auto: the newest checkpoint of the run dir that loads (none: a fresh start exactly
@@ -315,6 +346,8 @@ class Trainer {
     // A later --resume auto takes the highest step in the run dir: say which files of an older run would shadow.
     if (config_.resume == "none") warn_of_checkpoints_in_fresh_run_dir(comm_, config_.run_dir);
     if (info.resumed) {
+      const std::string other = model_identity_difference(info.meta, model_);
+      comm_.raise_if_any(other.empty() ? "" : "cannot resume from " + info.path + ": " + other);
       report_resume(info);
     } else if (!config_.init_from.empty()) {
       ckpt_->load_weights(config_.init_from);
@@ -387,11 +420,11 @@ class Trainer {
   // another --batch-size the steps already taken were of another size.
   void plan() {
     const DataState& data = ckpt_->data();
-    sampler_ = std::make_unique<DistributedSampler>(train_set_.count, data.global_batch, data.seed, comm_.size(),
+    sampler_ = std::make_unique<DistributedSampler>(train_set_->size(), data.global_batch, data.seed, comm_.size(),
                                                     comm_.rank());
     const int64_t step = ckpt_->step();
     const int64_t planned =
-        step + (data.epoch < config_.epochs ? (train_set_.count - data.position) / data.global_batch +
+        step + (data.epoch < config_.epochs ? (train_set_->size() - data.position) / data.global_batch +
                                                   sampler_->steps_per_epoch() * (config_.epochs - data.epoch - 1)
                                             : 0);
     total_steps_ = config_.max_steps > 0 ? std::min(config_.max_steps, planned) : planned;
@@ -443,7 +476,7 @@ class Trainer {
     progress_ = std::make_unique<Progress>(root_, config_.progress, total_steps_, config_.log_every);
     progress_->start(ckpt_->step());
     t_start_ = interval_start_ = Clock::now();
-    model_->train();
+    model_.module->train();
     while (!done())
       if (!step()) break;
     result_.train_seconds = seconds_since(t_start_);
@@ -473,7 +506,8 @@ class Trainer {
     watch_.observe(StallWatch::Kind::kStep, seconds_since(step_start));
     const bool eval_due = (config_.eval_every_steps > 0 && (step + 1) % config_.eval_every_steps == 0) ||
                           (config_.eval_every_epoch && epoch_ended);
-    const auto pause_start = Clock::now();  // evaluations and saves do not count as training time
+    const auto pause_start = Clock::now();                   // evaluations and saves do not count as training time
+    if (eval_due || outcome.save_due) ddp_->sync_buffers();  // rank 0's BatchNorm statistics everywhere
     std::optional<EvalResult> eval;
     if (eval_due) eval = evaluate_now();
     // A new best is protected from retention from this step's save on (the old best is released by it).
@@ -507,9 +541,9 @@ class Trainer {
       std::optional<DistributedDataParallel::NoSync> local;
       if (m + 1 < k) local.emplace(ddp_->no_sync());
       const std::vector<int64_t> part(indices.begin() + m * micro, indices.begin() + (m + 1) * micro);
-      auto [x, y] = gather(images_, labels_, part);
+      auto [x, y] = batch_tensors(*train_set_, part);
       ddp_->prepare_forward();
-      auto loss = torch::nn::functional::cross_entropy(model_->forward(x), y);
+      auto loss = batch_loss(train_set_->spec(), model_.forward(x), y);
       if (k > 1) loss = loss / static_cast<double>(k);
       loss.backward();
       ddp_->finish_backward();
@@ -520,7 +554,7 @@ class Trainer {
 
   // Collective. A distributed evaluation during training: in the metrics log and in the next checkpoint's meta.
   EvalResult evaluate_now() {
-    const EvalResult r = evaluate(*model_, test_set_, comm_);
+    const EvalResult r = evaluate(model_, *test_set_, comm_);
     char acc[32];
     std::snprintf(acc, sizeof acc, "%.6f", r.accuracy);
     ckpt_->set_meta("eval_accuracy", acc);
@@ -618,6 +652,7 @@ class Trainer {
   // Collective. The background save in flight, the final save, the evaluation, the summary.
   void finish() {
     {
+      ddp_->sync_buffers();
       auto guard =
           watch_.watch(config_.final_checkpoint ? "final checkpoint save" : "wait for the background checkpoint save",
                        StallWatch::Kind::kSave, ckpt_->step());
@@ -629,9 +664,11 @@ class Trainer {
     end.add("step", ckpt_->step()).add("epoch", ckpt_->data().epoch).add("exit_code", 0);
     end.add("train_seconds", result_.train_seconds);
     if (config_.evaluate) {
-      const EvalResult r = evaluate(*model_, test_set_, comm_);
+      const EvalResult r = evaluate(model_, *test_set_, comm_);
       result_.test_accuracy = r.accuracy;
-      end.add("test_accuracy", r.accuracy).add("test_loss", r.loss);
+      result_.test_loss = r.loss;
+      if (r.accuracy >= 0) end.add("test_accuracy", r.accuracy);
+      end.add("test_loss", r.loss);
     }
     metrics_.write(end);
     if (root_) print_summary();
@@ -642,9 +679,12 @@ class Trainer {
     std::printf("trained to step %lld (%lld of %lld epochs complete) in %.1f s at %d ranks\n",
                 static_cast<long long>(step), static_cast<long long>(std::min(epoch, config_.epochs)),
                 static_cast<long long>(config_.epochs), result_.train_seconds, comm_.size());
-    if (config_.evaluate)
+    if (config_.evaluate && result_.test_accuracy >= 0)
       std::printf("test accuracy: %.2f%% on %lld images\n", 100.0 * result_.test_accuracy,
-                  static_cast<long long>(test_set_.count));
+                  static_cast<long long>(test_set_->size()));
+    else if (config_.evaluate)
+      std::printf("test loss (mean squared error): %.6g on %lld samples\n", result_.test_loss,
+                  static_cast<long long>(test_set_->size()));
     const std::string ckpt = !result_.last_checkpoint.empty() ? result_.last_checkpoint : result_.resumed_from;
     if (!ckpt.empty()) print_next_commands(ckpt);
     std::fflush(stdout);
@@ -670,9 +710,8 @@ class Trainer {
   SignalScope signals_;
   StallWatch watch_;
   TrainResult result_;
-  ImageDataset train_set_, test_set_;
-  torch::Tensor images_, labels_;
-  std::shared_ptr<Model> model_;
+  std::unique_ptr<Dataset> train_set_, test_set_;
+  TrainModel model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<DistributedDataParallel> ddp_;
   std::unique_ptr<Checkpointer> ckpt_;

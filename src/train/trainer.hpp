@@ -16,7 +16,8 @@ struct TrainResult {
   int64_t epoch = 0;
   std::string resumed_from;     // checkpoint loaded at start, empty for a fresh run
   std::string last_checkpoint;  // newest checkpoint written by this run (empty if none)
-  double test_accuracy = -1;    // in [0, 1]; -1 when not evaluated
+  double test_accuracy = -1;    // in [0, 1]; -1 when not evaluated (or regression)
+  double test_loss = -1;        // mean test loss; -1 when not evaluated
   double train_seconds = 0;
 };
 

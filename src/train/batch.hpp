@@ -1,0 +1,39 @@
+// Samples as tensors, the loss, and a scored pass over rows: what the trainer's step, its evaluation and
+// h5ddp-ckpt eval share, for classification (integer labels: cross-entropy, accuracy) and regression (float
+// targets: mean squared error).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "train/dataset.hpp"
+
+namespace h5ddp {
+
+using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
+
+// Local. Rows `indices` of `data` as tensors: x [B, *sample shape] float32 and y ([B] int64 labels, or float
+// targets [B] / [B, K]).
+std::pair<torch::Tensor, torch::Tensor> batch_tensors(const Dataset& data, const std::vector<int64_t>& indices);
+
+// The training loss of a batch (mean over the batch): cross-entropy, or MSE with the output viewed as y.
+torch::Tensor batch_loss(const SampleSpec& spec, const torch::Tensor& out, const torch::Tensor& y);
+
+struct ScoreSums {
+  double correct = 0;  // classification: rows whose argmax is the label
+  double loss = 0;     // summed per-row loss (cross-entropy; regression: mean squared error of the row)
+  double rows = 0;
+};
+
+// Local. Scores rows [begin, end) of `data` in eval mode's caller (no grad here), `batch` rows at a time.
+ScoreSums score_rows(const Forward& forward, const Dataset& data, int64_t begin, int64_t end, int64_t batch = 1000);
+
+// Local. Checks that `forward` takes `data`'s samples and returns what its labels or targets need (one row of
+// logits per sample; targets of the right width). Returns the model's output width (classes for
+// classification). Throws DataError naming the file (data.describe()) and both shapes.
+int64_t check_model_accepts(const Forward& forward, const Dataset& data);
+
+}  // namespace h5ddp

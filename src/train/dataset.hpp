@@ -1,0 +1,60 @@
+// What h5ddp-train and h5ddp-ckpt eval read samples through: rows by index, normalised to float32, with
+// their labels (classification) or float targets (regression). Two sources: the built-in Fashion-MNIST held
+// in memory, and an HDF5 file in the layout of docs/DATA.md, from which each call reads only the rows it is
+// asked for. Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "train/data.hpp"
+
+namespace h5ddp {
+
+struct SampleSpec {
+  std::vector<int64_t> shape;      // one sample's shape, e.g. {3, 32, 32}
+  bool classification = true;      // integer labels (cross-entropy, accuracy); false: float targets (MSE)
+  int64_t target_width = 0;        // regression: 0 for targets [N], K for [N, K]
+  int64_t num_classes = 0;         // classification: the file's num_classes attribute, 0 when it has none
+  int64_t numel() const;           // elements of one sample
+  std::string shape_text() const;  // "[3, 32, 32]"
+};
+
+// Rows of a data set: x holds rows * numel floats (C order); labels or targets hold the rows' y.
+struct Rows {
+  std::vector<float> x;
+  std::vector<int64_t> labels;  // classification
+  std::vector<float> targets;   // regression: rows * max(1, target_width)
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual const SampleSpec& spec() const = 0;
+  // e.g. "fashion-mnist train: 60000 samples [1, 28, 28]" or "data.h5 /train: 50000 samples [3, 32, 32] uint8"
+  virtual std::string describe() const = 0;
+  // The file and dataset a label came from, for errors ("data.h5 /train/y").
+  virtual std::string label_source() const = 0;
+  // Local; thread-safe (no HDF5 calls after opening). Fills `out` with rows `indices`, in that order. Throws
+  // DataError naming the file, the dataset and the row on a read error.
+  virtual void read(const std::vector<int64_t>& indices, Rows& out) const = 0;
+  // Local. The smallest and largest label of rows [begin, end) (classification only), read in bounded pieces.
+  virtual void label_range(int64_t begin, int64_t end, int64_t& min, int64_t& max) const = 0;
+};
+
+// The in-memory Fashion-MNIST split as a Dataset (takes ownership). Rows are copied bit for bit.
+std::unique_ptr<Dataset> images_dataset(ImageDataset images, std::string name);
+
+// Local. Opens split "train" or "test" of an HDF5 data file (docs/DATA.md) and checks its layout: the x and y
+// datasets present, of a supported type and the same length, contiguous, the mean/std attributes of the right
+// shape, the file long enough. Throws DataError naming the file and the dataset. Afterwards reads are plain
+// positional reads of the file (no HDF5 calls), so they may run beside an asynchronous checkpoint save.
+std::unique_ptr<Dataset> open_h5_dataset(const std::string& path, const std::string& split);
+
+// Local. Whether `path` holds split "test" (an evaluation needs it).
+bool h5_dataset_has_split(const std::string& path, const std::string& split);
+
+}  // namespace h5ddp
