@@ -27,9 +27,11 @@ constexpr const char* kUsage =
     "        turn a torch.save'd state dict (plain, or the 'model'/'state_dict' entry of a dict; 'module.'\n"
     "        prefixes stripped) into a step-0, model-only checkpoint for h5ddp-train --init-from FILE.h5;\n"
     "        --model checks keys and shapes against a built-in model\n"
-    "  eval FILE [--data-dir DIR] [--split t10k|train] [--first N] [--count N] [--model cnn|mlp]\n"
-    "        mean cross-entropy and accuracy of the checkpoint's model on Fashion-MNIST images\n"
-    "        [first, first + count) in eval mode (no dropout)\n";
+    "  eval FILE [--data-dir DIR | --data FILE.h5] [--split t10k|test|train] [--first N] [--count N]\n"
+    "       [--model cnn|mlp | --model-file MODEL.pt]\n"
+    "        mean cross-entropy and accuracy (float targets: mean squared error) of the checkpoint's model on\n"
+    "        samples [first, first + count) of Fashion-MNIST or of an HDF5 data set (docs/DATA.md), in eval mode;\n"
+    "        a TorchScript model is the checkpoint's model_file unless --model-file names one\n";
 
 // Command line: positional arguments and --name value options (flags in `flags` take no value).
 struct CommandLine {
@@ -122,7 +124,7 @@ int run(const std::string& command, int argc, char** argv, h5ddp::Comm* comm, bo
     return 0;
   }
   if (command == "eval") {
-    const auto c = parse(argc, argv, 2, {"data-dir", "split", "first", "count", "model"}, {});
+    const auto c = parse(argc, argv, 2, {"data-dir", "data", "split", "first", "count", "model", "model-file"}, {});
     EvalOptions o;
     o.input = one_file(c, "checkpoint FILE");
     if (c.options.count("data-dir")) o.data_dir = c.options.at("data-dir");
@@ -130,12 +132,19 @@ int run(const std::string& command, int argc, char** argv, h5ddp::Comm* comm, bo
     if (c.options.count("first")) o.first = to_int("first", c.options.at("first"));
     if (c.options.count("count")) o.count = to_int("count", c.options.at("count"));
     if (c.options.count("model")) o.model = c.options.at("model");
-    if (o.split != "t10k" && o.split != "train") throw h5ddp::ConfigError("--split is t10k or train");
+    if (c.options.count("model-file")) o.model_file = c.options.at("model-file");
+    if (c.options.count("data")) {
+      o.data_file = c.options.at("data");
+      if (!c.options.count("split")) o.split = "test";
+      if (o.split != "test" && o.split != "train") throw h5ddp::ConfigError("--split is test or train with --data");
+    } else if (o.split != "t10k" && o.split != "train") {
+      throw h5ddp::ConfigError("--split is t10k or train");
+    }
     if (dry) return 0;
     const EvalResult r = evaluate_checkpoint(*comm, o);
     if (root)
       std::printf("model %s  split %s  images %lld  loss %.9f  accuracy %.6f\n", r.model.c_str(), o.split.c_str(),
-                  static_cast<long long>(r.images), r.loss, r.accuracy);
+                  static_cast<long long>(r.images), r.loss, r.accuracy);  // accuracy -1: regression
     return 0;
   }
   throw h5ddp::ConfigError("unknown command '" + command + "'");

@@ -137,6 +137,9 @@ torch::Tensor ScriptModule::forward(const torch::Tensor& x) {
   } catch (const c10::Error& e) {
     throw Error("--model-file " + impl_->path + " rejects an input of shape " + shape_text(x) + ": " +
                 last_line(e.what_without_backtrace()));
+  } catch (const std::exception& e) {  // torch::jit::JITException (a raise in the script) is not a c10::Error
+    throw Error("--model-file " + impl_->path + " rejects an input of shape " + shape_text(x) + ": " +
+                last_line(e.what()));
   }
   if (!out.isTensor())
     throw Error("--model-file " + impl_->path + ": forward returned " + out.tagKind() + ", not a tensor");

@@ -339,10 +339,18 @@ class Trainer {
   // like a run in an empty directory); a path: that file; none: fresh. --init-from: weights only.
   void resume_or_init() {
     ResumeInfo info;
-    if (config_.resume == "auto")
-      info = ckpt_->resume();
-    else if (config_.resume != "none")
-      info = ckpt_->resume_from(config_.resume);
+    try {
+      if (config_.resume == "auto")
+        info = ckpt_->resume();
+      else if (config_.resume != "none")
+        info = ckpt_->resume_from(config_.resume);
+    } catch (const CheckpointMismatchError& e) {
+      CheckpointMismatchError more(std::string(e.what()) + "\n  this run's model: " + model_.description +
+                                   "; resume with the model that wrote the checkpoint (h5ddp-ckpt info FILE names "
+                                   "it in /meta) or train the new model in another --run-dir");
+      if (!e.agreed()) throw more;
+      throw_agreed(more);  // every rank raised it
+    }
     // A later --resume auto takes the highest step in the run dir: say which files of an older run would shadow.
     if (config_.resume == "none") warn_of_checkpoints_in_fresh_run_dir(comm_, config_.run_dir);
     if (info.resumed) {

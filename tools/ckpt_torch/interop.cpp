@@ -16,7 +16,9 @@
 #include "h5ddp/error.hpp"
 #include "torch/torch_state.hpp"
 #include "torch_pickle.hpp"
+#include "train/batch.hpp"
 #include "train/data.hpp"
+#include "train/dataset.hpp"
 #include "train/models.hpp"
 
 namespace h5ddp::interop {
@@ -318,36 +320,43 @@ size_t import_state_dict(Comm& comm, const ImportOptions& o) {
 EvalResult evaluate_checkpoint(Comm& comm, const EvalOptions& o) {
   LoadedCheckpoint ck = load_checkpoint_tensors(comm, o.input);
   EvalResult r;
-  r.model = !o.model.empty() ? o.model : ck.state.meta.count("model") ? ck.state.meta.at("model") : "";
-  std::shared_ptr<Model> model;
-  ImageDataset data;
+  const auto meta = [&ck](const char* key) {
+    auto it = ck.state.meta.find(key);
+    return it == ck.state.meta.end() ? std::string() : it->second;
+  };
+  ModelSpec spec;
+  spec.file = !o.model_file.empty() ? o.model_file : (o.model.empty() ? meta("model_file") : "");
+  r.model = !spec.file.empty() ? "torchscript " + spec.file : !o.model.empty() ? o.model : meta("model");
+  TrainModel model;
+  std::unique_ptr<Dataset> data;
   agreed(comm, [&] {
-    if (r.model.empty()) throw CheckpointError(o.input + ": /meta names no model (pass --model cnn|mlp)");
-    std::vector<int64_t> hidden = {1024, 1024};
-    if (auto it = ck.state.meta.find("mlp_hidden"); it != ck.state.meta.end()) {
-      hidden.clear();
-      std::stringstream ss(it->second);
-      for (std::string w; std::getline(ss, w, ',');) hidden.push_back(std::stoll(w));
+    if (r.model.empty())
+      throw CheckpointError(o.input + ": /meta names no model (pass --model cnn|mlp or --model-file)");
+    if (spec.file.empty()) {
+      spec.name = r.model;
+      if (auto w = meta("mlp_hidden"); !w.empty()) {
+        spec.mlp_hidden.clear();
+        std::stringstream ss(w);
+        for (std::string x; std::getline(ss, x, ',');) spec.mlp_hidden.push_back(std::stoll(x));
+      }
     }
-    model = make_builtin(r.model, hidden);
-    auto dst = named_tensors(*model);
+    model = build_train_model(spec);
+    auto dst = named_tensors(*model.module);
     check_against_model(o.input, r.model, ck.model, dst);
     torch::NoGradGuard no_grad;
     for (const auto& [k, t] : ck.model) dst.at(k).copy_(t);
-    data = read_fashion_mnist(o.data_dir, o.split);
+    data = o.data_file.empty() ? images_dataset(read_fashion_mnist(o.data_dir, o.split), o.split)
+                               : open_h5_dataset(o.data_file, o.split);
   });
 
-  const int64_t begin = std::clamp<int64_t>(o.first, 0, data.count);
-  const int64_t end = std::clamp<int64_t>(o.first + o.count, begin, data.count);
+  const int64_t begin = std::clamp<int64_t>(o.first, 0, data->size());
+  const int64_t end = std::clamp<int64_t>(o.first + o.count, begin, data->size());
   r.images = end - begin;
   if (r.images == 0) return r;
-  torch::NoGradGuard no_grad;
-  model->eval();
-  auto images = torch::from_blob(data.images.data(), {data.count, 1, data.rows, data.cols}).slice(0, begin, end);
-  auto labels = torch::from_blob(data.labels.data(), {data.count}, torch::kLong).slice(0, begin, end);
-  auto logits = model->forward(images);
-  r.loss = torch::nn::functional::cross_entropy(logits, labels).item<double>();
-  r.accuracy = logits.argmax(1).eq(labels).to(torch::kDouble).mean().item<double>();
+  model.module->eval();
+  const ScoreSums s = score_rows(model.forward, *data, begin, end, end - begin);
+  r.loss = s.loss / s.rows;
+  r.accuracy = data->spec().classification ? s.correct / s.rows : -1;
   return r;
 }
 

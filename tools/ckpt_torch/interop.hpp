@@ -55,21 +55,23 @@ size_t import_state_dict(Comm& comm, const ImportOptions& options);
 struct EvalOptions {
   std::string input;  // h5ddp checkpoint
   std::string data_dir = kDefaultFashionMnistDir;
-  std::string split = "t10k";  // "t10k" | "train"
-  int64_t first = 0;           // first image
-  int64_t count = 1000;        // number of images (clipped to the split)
+  std::string data_file;       // an HDF5 data set (docs/DATA.md) instead of Fashion-MNIST
+  std::string split = "t10k";  // Fashion-MNIST: "t10k" | "train"; --data: "test" | "train"
+  int64_t first = 0;           // first sample
+  int64_t count = 1000;        // number of samples (clipped to the split)
   std::string model;           // "" = the model named in the checkpoint's /meta
+  std::string model_file;      // a TorchScript module; "" = the checkpoint's model_file when it names one
 };
 
 struct EvalResult {
   std::string model;
   int64_t images = 0;
-  double loss = 0;      // mean cross-entropy, eval mode (no dropout), float32 forward
-  double accuracy = 0;  // fraction classified correctly
+  double loss = 0;       // mean cross-entropy (regression: MSE), eval mode (no dropout), float32 forward
+  double accuracy = -1;  // fraction classified correctly (-1: regression)
 };
 
-// Collective (every rank computes the same numbers). Builds the built-in model the checkpoint names, loads
-// its weights and evaluates images [first, first + count) of the split.
+// Collective (every rank computes the same numbers). Builds the built-in model the checkpoint names (or loads
+// the TorchScript module), loads the checkpoint's weights and evaluates samples [first, first + count).
 EvalResult evaluate_checkpoint(Comm& comm, const EvalOptions& options);
 
 }  // namespace h5ddp::interop
