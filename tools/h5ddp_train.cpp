@@ -24,7 +24,10 @@ int main(int argc, char** argv) {
   h5ddp::MpiEnv env(&argc, &argv);
   try {
     auto comm = h5ddp::MpiComm::dup(MPI_COMM_WORLD);
-    return h5ddp::run_training(*args.config, *comm).exit_code;
+    h5ddp::TrainConfig config = *args.config;
+    config.local_rank = env.local_rank();
+    config.local_size = env.local_size();
+    return h5ddp::run_training(config, *comm).exit_code;
   } catch (const std::exception& e) {
     // An error every rank agreed on: one message, exit 1 through MPI_Finalize; otherwise MPI_Abort.
     return h5ddp::exit_code_for(e, "h5ddp-train");

@@ -106,6 +106,13 @@ TensorRef TorchStateBinding::view(const std::string& name, torch::Tensor t) {
   r.shape = t.sizes().vec();
   if (t.device().is_cpu() && t.is_contiguous()) {
     r.data = t.data_ptr();
+  } else if (t.is_cuda()) {
+    // A GPU tensor goes through pinned host memory: the copy runs at the bus's speed, and a load's copy back
+    // lands on the tensor's own device (each rank's GPU), never on GPU 0.
+    Staged s{t, torch::empty(t.sizes(), t.options().device(torch::kCPU).pinned_memory(true))};
+    s.host.copy_(t.detach());
+    r.data = s.host.data_ptr();
+    staged_.push_back(std::move(s));
   } else {
     Staged s{t, t.detach().to(torch::kCPU).contiguous().clone()};
     r.data = s.host.data_ptr();

@@ -1,5 +1,7 @@
 #include "train/batch.hpp"
 
+#include <ATen/autocast_mode.h>
+
 #include <sstream>
 
 #include "h5ddp/error.hpp"
@@ -34,7 +36,36 @@ torch::Tensor batch_loss(const SampleSpec& spec, const torch::Tensor& out, const
   return torch::mse_loss(out.reshape(y.sizes()), y);
 }
 
-ScoreSums score_rows(const Forward& forward, const Dataset& data, int64_t begin, int64_t end, int64_t batch) {
+AutocastScope::AutocastScope(const Compute& compute) : on_(compute.bf16), cuda_(compute.device.is_cuda()) {
+  if (!on_) return;
+  if (cuda_) {
+    was_enabled_ = at::autocast::is_enabled();
+    was_dtype_ = at::autocast::get_autocast_gpu_dtype();
+    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+    at::autocast::set_enabled(true);
+  } else {
+    was_enabled_ = at::autocast::is_cpu_enabled();
+    was_dtype_ = at::autocast::get_autocast_cpu_dtype();
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    at::autocast::set_cpu_enabled(true);
+  }
+  at::autocast::increment_nesting();
+}
+
+AutocastScope::~AutocastScope() {
+  if (!on_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();  // casts of the weights go
+  if (cuda_) {
+    at::autocast::set_enabled(was_enabled_);
+    at::autocast::set_autocast_gpu_dtype(was_dtype_);
+  } else {
+    at::autocast::set_cpu_enabled(was_enabled_);
+    at::autocast::set_autocast_cpu_dtype(was_dtype_);
+  }
+}
+
+ScoreSums score_rows(const Forward& forward, const Dataset& data, int64_t begin, int64_t end, int64_t batch,
+                     const Compute& compute) {
   torch::NoGradGuard no_grad;
   ScoreSums s;
   const SampleSpec& spec = data.spec();
@@ -44,7 +75,13 @@ ScoreSums score_rows(const Forward& forward, const Dataset& data, int64_t begin,
     idx.resize(static_cast<size_t>(e - b));
     for (size_t i = 0; i < idx.size(); ++i) idx[i] = b + static_cast<int64_t>(i);
     auto [x, y] = batch_tensors(data, idx);
-    auto out = forward(x);
+    x = x.to(compute.device);
+    y = y.to(compute.device);
+    torch::Tensor out;
+    {
+      AutocastScope autocast(compute);
+      out = forward(x).to(torch::kFloat32);
+    }
     if (spec.classification) {
       s.correct += static_cast<double>(out.argmax(1).eq(y).sum().item<int64_t>());
       s.loss += torch::nn::functional::cross_entropy(
@@ -59,7 +96,7 @@ ScoreSums score_rows(const Forward& forward, const Dataset& data, int64_t begin,
   return s;
 }
 
-int64_t check_model_accepts(const Forward& forward, const Dataset& data) {
+int64_t check_model_accepts(const Forward& forward, const Dataset& data, const Compute& compute) {
   const SampleSpec& spec = data.spec();
   const int64_t n = std::min<int64_t>(2, data.size());
   std::vector<int64_t> idx;
@@ -68,7 +105,8 @@ int64_t check_model_accepts(const Forward& forward, const Dataset& data) {
   torch::Tensor out;
   try {
     torch::NoGradGuard no_grad;
-    out = forward(x);
+    AutocastScope autocast(compute);
+    out = forward(x.to(compute.device));
   } catch (const std::exception& e) {
     throw DataError("the model does not take the samples of " + data.describe() + " (sample shape " +
                     spec.shape_text() + ", a batch " + sizes_text(x) + "): " + e.what());

@@ -28,12 +28,34 @@ struct ScoreSums {
   double rows = 0;
 };
 
-// Local. Scores rows [begin, end) of `data` in eval mode's caller (no grad here), `batch` rows at a time.
-ScoreSums score_rows(const Forward& forward, const Dataset& data, int64_t begin, int64_t end, int64_t batch = 1000);
+// How a batch is computed: where (the model's device; batches are moved there) and in which precision.
+struct Compute {
+  torch::Device device = torch::kCPU;
+  bool bf16 = false;  // forward and loss under autocast to bfloat16
+};
+
+// RAII: autocast to bfloat16 for `compute.device`'s type while alive (nothing when !compute.bf16). Weights,
+// gradients and optimizer state stay float32; autocast runs matmuls and convolutions in bf16 and the loss in
+// float32, as torch.autocast does.
+class AutocastScope {
+ public:
+  explicit AutocastScope(const Compute& compute);
+  ~AutocastScope();
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool on_, cuda_, was_enabled_ = false;
+  at::ScalarType was_dtype_ = at::kFloat;
+};
+
+// Local. Scores rows [begin, end) of `data` (the caller sets eval mode; no grad here), `batch` rows at a time.
+ScoreSums score_rows(const Forward& forward, const Dataset& data, int64_t begin, int64_t end, int64_t batch = 1000,
+                     const Compute& compute = {});
 
 // Local. Checks that `forward` takes `data`'s samples and returns what its labels or targets need (one row of
 // logits per sample; targets of the right width). Returns the model's output width (classes for
 // classification). Throws DataError naming the file (data.describe()) and both shapes.
-int64_t check_model_accepts(const Forward& forward, const Dataset& data);
+int64_t check_model_accepts(const Forward& forward, const Dataset& data, const Compute& compute = {});
 
 }  // namespace h5ddp

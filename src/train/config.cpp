@@ -69,6 +69,11 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
       "docs/DATA.md) instead of Fashion-MNIST; each rank reads only its rows")(
       "run-dir", po::value(&c.run_dir)->default_value(c.run_dir), "directory for checkpoints (created if missing)")(
       "threads", po::value(&c.threads)->default_value(c.threads), "LibTorch intra-op threads per rank")(
+      "device", po::value(&c.device)->default_value(c.device),
+      "auto | cpu | cuda: cuda trains each rank on its own GPU (the one it sees, or the one at its local rank) "
+      "with NCCL gradient allreduce; auto = cuda when the build and the node have it")(
+      "precision", po::value(&c.precision)->default_value(c.precision),
+      "fp32 | bf16: bf16 runs forward and loss under autocast (weights, gradients, optimizer state stay fp32)")(
       "seed", po::value(&c.seed)->default_value(c.seed),
       "seed of the data order, initial weights and dropout "
       "(rank r uses seed + r for dropout)");
@@ -205,6 +210,9 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
             c.lr_schedule, "unknown schedule (constant | step | cosine)");
     require(c.lr_step_size >= 0, "lr-step-size", c.lr_step_size, "must be >= 0");
     require(c.threads > 0, "threads", c.threads, "must be positive");
+    require(c.device == "auto" || c.device == "cpu" || c.device == "cuda", "device", c.device,
+            "must be auto, cpu or cuda");
+    require(c.precision == "fp32" || c.precision == "bf16", "precision", c.precision, "must be fp32 or bf16");
     require(c.checkpoint_every_steps >= 0, "checkpoint-every-steps", c.checkpoint_every_steps, "must be >= 0");
     require(c.checkpoint_every_seconds >= 0, "checkpoint-every-seconds", c.checkpoint_every_seconds, "must be >= 0");
     require(c.keep_last >= 0, "keep-last", c.keep_last, "must be >= 0");

@@ -50,6 +50,9 @@ struct TrainConfig {
   double watchdog_seconds = kWatchdogAuto;
   std::string resume = "auto";            // auto | none | <checkpoint path>
   std::string init_from;                  // weights-only initialisation from a checkpoint
+  std::string device = "auto";            // auto | cpu | cuda (h5ddp/device.hpp)
+  std::string precision = "fp32";         // fp32 | bf16 (autocast of forward and loss)
+  int local_rank = 0, local_size = 1;     // this rank among the ranks of its node (set by main from MpiEnv)
   int threads = 1;                        // torch intra-op threads per rank
   int64_t step_sleep_ms = 0;              // sleep after every step (tests and demos)
   std::string progress = "auto";          // auto | tty | lines

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -20,7 +21,9 @@
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/checkpointer.hpp"
 #include "h5ddp/ddp.hpp"
+#include "h5ddp/device.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/nccl_comm.hpp"  // declares NcclComm in CUDA builds only
 #include "h5ddp/sampler.hpp"
 #include "h5ddp/stop_signal.hpp"
 #include "torch/torch_state.hpp"
@@ -79,10 +82,10 @@ struct EvalResult {
 };
 
 // Collective. Each rank scores a contiguous share of the test set; one allreduce sums the shares.
-EvalResult evaluate(const TrainModel& model, const Dataset& test, Comm& comm) {
+EvalResult evaluate(const TrainModel& model, const Dataset& test, Comm& comm, const Compute& compute) {
   model.module->eval();
   const int64_t n = test.size(), r = comm.rank(), w = comm.size();
-  const ScoreSums s = score_rows(model.forward, test, n * r / w, n * (r + 1) / w);
+  const ScoreSums s = score_rows(model.forward, test, n * r / w, n * (r + 1) / w, 1000, compute);
   double sums[2] = {s.correct, s.loss};
   comm.allreduce(sums, 2, DType::kF64, ReduceOp::kSum);
   model.module->train();
@@ -288,15 +291,84 @@ class Trainer {
       err = e.what();
     }
     comm_.raise_if_any(err);
+    select_device();
     check_data_fits_model();
-    optimizer_ = make_optimizer(config_, model_.module->parameters());
-    ddp_ = std::make_unique<DistributedDataParallel>(model_.module, comm_);
+    optimizer_ = make_optimizer(config_, model_.module->parameters());  // after the move: state on the device
+    DdpOptions ddp_options;
+    ddp_options.device_comm = device_comm_.get();
+    ddp_ = std::make_unique<DistributedDataParallel>(model_.module, comm_, ddp_options);
     ckpt_ = std::make_unique<Checkpointer>(comm_, *model_.module, *optimizer_, checkpointer_options(config_));
     seed_rank_rng(config_.seed, comm_.rank());
     if (root_) log::root_info("model: " + model_.description);
     for (const auto& [key, value] : model_.meta) ckpt_->set_meta(key, value);
     ckpt_->data().seed = config_.seed;
     ckpt_->data().global_batch = config_.batch_size;
+  }
+
+  // Collective. --device: every rank the same kind of device (h5ddp/device.hpp's rule), no two ranks of a host on
+  // one GPU; with CUDA an NcclComm for the gradients (MPI stays for control traffic) and the model moved there.
+  void select_device() {
+    std::string err;
+    DeviceChoice choice;
+    try {
+      DeviceFacts facts;
+#ifdef H5DDP_WITH_CUDA
+      facts.cuda_compiled = true;
+#endif
+      facts.torch_cuda = facts.cuda_compiled && torch::cuda::is_available();
+      facts.visible_gpus = facts.torch_cuda ? visible_cuda_devices() : 0;
+      facts.local_rank = config_.local_rank;
+      facts.local_size = config_.local_size;
+      choice = choose_device(config_.device, facts);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    comm_.raise_if_any(err);
+    int64_t all_cuda = choice.cuda ? 1 : 0;
+    comm_.allreduce(&all_cuda, 1, DType::kI64, ReduceOp::kSum);
+    if (all_cuda != 0 && all_cuda != comm_.size())
+      comm_.raise_if_any("--device " + config_.device + ": " + std::to_string(all_cuda) + " of " +
+                         std::to_string(comm_.size()) +
+                         " ranks have a usable GPU and the others not; pass --device cpu, or give every rank a GPU");
+    if (choice.cuda) {
+      set_cuda_device(choice.index);
+      check_one_gpu_per_rank(choice.index);
+#ifdef H5DDP_WITH_CUDA
+      device_comm_ = NcclComm::create(comm_);
+#endif
+      compute_.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(choice.index));
+      model_.module->to(compute_.device);
+    }
+    compute_.bf16 = config_.precision == "bf16";
+    if (root_)
+      log::root_info(
+          "device: " +
+          std::string(choice.cuda ? "cuda (one GPU per rank; rank 0 on " + choice.describe() + "), gradients over NCCL"
+                                  : "cpu, gradients over MPI") +
+          ", precision " + config_.precision);
+  }
+
+  // Collective. Two ranks of one host on one GPU (each sees one GPU, the same one) would make NCCL fail later
+  // with a less clear error: compare "host bus-id" of every rank.
+  void check_one_gpu_per_rank(int index) {
+    constexpr size_t kLen = 160;
+    char mine[kLen] = {};
+    char host[64] = {};
+    ::gethostname(host, sizeof host - 1);
+    std::snprintf(mine, kLen, "%s %s", host, cuda_device_bus_id(index).c_str());
+    std::vector<char> all(kLen * static_cast<size_t>(comm_.size()));
+    comm_.allgather(mine, all.data(), kLen, DType::kU8);
+    std::string err;
+    std::map<std::string, int> seen;  // "host bus" -> first rank
+    for (int r = 0; r < comm_.size() && err.empty(); ++r) {
+      std::string tag(&all[kLen * r]);
+      const std::string host = tag.substr(0, tag.find(' ')), bus = tag.substr(tag.rfind(' ') + 1);
+      auto [it, fresh] = seen.emplace(host + " " + bus, r);
+      if (!fresh)
+        err = "--device cuda: ranks " + std::to_string(it->second) + " and " + std::to_string(r) + " on " + host +
+              " both got the GPU at " + bus + "; give each rank its own (srun --gpus-per-task=1, or fewer ranks)";
+    }
+    comm_.raise_if_any(err);
   }
 
   // Collective (the same verdict everywhere). The model takes the samples (a forward of two of them in eval
@@ -306,7 +378,7 @@ class Trainer {
     int64_t width = 0;
     try {
       model_.module->eval();
-      width = check_model_accepts(model_.forward, *train_set_);
+      width = check_model_accepts(model_.forward, *train_set_, compute_);
       model_.module->train();
     } catch (const std::exception& e) {
       err = e.what();
@@ -478,7 +550,9 @@ class Trainer {
     schedule_ = saved;
   }
 
-  bool done() const { return ckpt_->step() >= total_steps_ || ckpt_->data().epoch >= config_.epochs; }
+  bool done() const {
+    return ckpt_->step() >= total_steps_ || ckpt_->data().epoch >= config_.epochs;
+  }
 
   void train() {
     progress_ = std::make_unique<Progress>(root_, config_.progress, total_steps_, config_.log_every);
@@ -550,8 +624,14 @@ class Trainer {
       if (m + 1 < k) local.emplace(ddp_->no_sync());
       const std::vector<int64_t> part(indices.begin() + m * micro, indices.begin() + (m + 1) * micro);
       auto [x, y] = batch_tensors(*train_set_, part);
+      x = x.to(compute_.device, /*non_blocking=*/false);
+      y = y.to(compute_.device);
       ddp_->prepare_forward();
-      auto loss = batch_loss(train_set_->spec(), model_.forward(x), y);
+      torch::Tensor loss;
+      {
+        AutocastScope autocast(compute_);
+        loss = batch_loss(train_set_->spec(), model_.forward(x), y);
+      }
       if (k > 1) loss = loss / static_cast<double>(k);
       loss.backward();
       ddp_->finish_backward();
@@ -562,7 +642,7 @@ class Trainer {
 
   // Collective. A distributed evaluation during training: in the metrics log and in the next checkpoint's meta.
   EvalResult evaluate_now() {
-    const EvalResult r = evaluate(model_, *test_set_, comm_);
+    const EvalResult r = evaluate(model_, *test_set_, comm_, compute_);
     char acc[32];
     std::snprintf(acc, sizeof acc, "%.6f", r.accuracy);
     ckpt_->set_meta("eval_accuracy", acc);
@@ -672,7 +752,7 @@ class Trainer {
     end.add("step", ckpt_->step()).add("epoch", ckpt_->data().epoch).add("exit_code", 0);
     end.add("train_seconds", result_.train_seconds);
     if (config_.evaluate) {
-      const EvalResult r = evaluate(model_, *test_set_, comm_);
+      const EvalResult r = evaluate(model_, *test_set_, comm_, compute_);
       result_.test_accuracy = r.accuracy;
       result_.test_loss = r.loss;
       if (r.accuracy >= 0) end.add("test_accuracy", r.accuracy);
@@ -720,6 +800,8 @@ class Trainer {
   TrainResult result_;
   std::unique_ptr<Dataset> train_set_, test_set_;
   TrainModel model_;
+  Compute compute_;                    // --device, --precision
+  std::unique_ptr<Comm> device_comm_;  // NcclComm with --device cuda
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<DistributedDataParallel> ddp_;
   std::unique_ptr<Checkpointer> ckpt_;

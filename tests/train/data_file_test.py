@@ -21,9 +21,10 @@ NP = pt.NP
 CONVERT = os.path.join(HERE, "..", "..", "tools", "h5ddp-data.py")
 
 
-def train(run_dir, *extra, expect_rc=0):
+def train(run_dir, *extra, expect_rc=0, resume="none"):
+    """h5ddp-train at NP ranks (one log record per step); fails the test unless it exits with expect_rc."""
     r = fl.mpirun(NP, [fl.tool("h5ddp-train"), "--run-dir", run_dir, "--no-fsync", "--threads", "1",
-                       "--log-every", "10", "--resume", "none"] + [str(a) for a in extra], pt.LAUNCH)
+                       "--log-every", "1", "--resume", resume] + [str(a) for a in extra], pt.LAUNCH)
     fl.check(r.rc == expect_rc, f"exit {r.rc}, expected {expect_rc}: {r}")
     return r
 
@@ -117,7 +118,29 @@ def test_regression_targets():
     return f"test MSE {end['test_loss']:.2e}, eval agrees, --keep-best refused"
 
 
-TESTS = [test_fashion_bitwise, test_async_save_beside_reads, test_regression_targets]
+def test_bf16_resume_bitwise():
+    """--precision bf16 (autocast on the CPU here; the same scope on CUDA): it changes the numbers (the final weights
+    differ from an fp32 run's), it learns (mean loss of the last 10 steps below the first 10's), and a run stopped
+    at its step-12 checkpoint and resumed is bit for bit the uninterrupted one. Catches: autocast not applied,
+    autocast state leaking past the forward (the next step or the save computing in bf16), a resume that loses
+    bitwise exactness in bf16."""
+    a, b, f = pt.scratch("bf16-a"), pt.scratch("bf16-b"), pt.scratch("bf16-fp32")
+    common = ["--model", "cnn", "--batch-size", 64, "--checkpoint-every-steps", 12, "--keep-last", 0, "--no-eval"]
+    train(a, *common, "--max-steps", 24, "--precision", "bf16")
+    train(f, *common, "--max-steps", 24)
+    train(b, *common, "--max-steps", 12, "--precision", "bf16")
+    fl.check(pt.compare(pt.ckpt(a, 24), pt.ckpt(f, 24)).rc != 0, "bf16 and fp32 runs are identical: no autocast")
+    r = train(b, *common, "--max-steps", 24, "--precision", "bf16", resume="auto")
+    fl.check("resumed from" in r.text, f"did not resume: {r}")
+    pt.check_bitwise(pt.ckpt(a, 24), pt.ckpt(b, 24), "bf16 resumed vs uninterrupted")
+    with open(os.path.join(a, "metrics.jsonl")) as fh:
+        losses = [x["loss"] for x in map(json.loads, fh) if x["event"] == "train"]
+    first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
+    fl.check(len(losses) == 24 and last < first, f"bf16 losses {losses}")
+    return f"bf16 != fp32, resume bitwise, loss {first:.3f} -> {last:.3f}"
+
+
+TESTS = [test_fashion_bitwise, test_async_save_beside_reads, test_regression_targets, test_bf16_resume_bitwise]
 
 if __name__ == "__main__":
     pt.cli(TESTS)

@@ -17,7 +17,6 @@ whole launch (startup included) and the peak RSS of each rank (/usr/bin/time -f 
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -70,7 +69,12 @@ def run(args, mode, data, work):
         evict(data)
     run_dir = os.path.join(work, f"run-{mode}")
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = ["mpirun", "-np", str(args.ranks), "--oversubscribe", "/usr/bin/time", "-f", "PEAK_RSS_KB %M",
+    rss_dir = os.path.join(work, f"rss-{mode}")
+    shutil.rmtree(rss_dir, ignore_errors=True)
+    os.makedirs(rss_dir)
+    # Each rank's peak RSS into its own file (mpirun's forwarding of the ranks' last lines is not reliable).
+    timed = f'exec /usr/bin/time -f %M -o {rss_dir}/rank$OMPI_COMM_WORLD_RANK "$@"'
+    cmd = ["mpirun", "-np", str(args.ranks), "--oversubscribe", "sh", "-c", timed, "sh",
            os.path.join(args.build, "tools", "h5ddp-train"), "--model", "cnn", "--run-dir", run_dir,
            "--batch-size", str(args.batch), "--max-steps", str(args.steps), "--no-eval", "--no-final-checkpoint",
            "--resume", "none", "--threads", "1", "--log-every", str(args.steps)]
@@ -81,7 +85,10 @@ def run(args, mode, data, work):
     wall = time.monotonic() - t0
     if p.returncode != 0:
         sys.exit(f"{mode}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
-    rss = [int(v) / 1024 for v in re.findall(r"PEAK_RSS_KB (\d+)", p.stdout + p.stderr)]
+    rss = []
+    for name in sorted(os.listdir(rss_dir)):
+        with open(os.path.join(rss_dir, name)) as f:
+            rss.append(int(f.read().split()[-1]) / 1024)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         end = [r for r in map(json.loads, f) if r["event"] == "end"][-1]
     sps = args.steps * args.batch / end["train_seconds"]
