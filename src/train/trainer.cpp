@@ -18,6 +18,7 @@
 #include "checkpoint/format.hpp"
 #include "core/log.hpp"
 #include "core/watchdog.hpp"
+#include "h5/h5.hpp"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/checkpointer.hpp"
 #include "h5ddp/ddp.hpp"
@@ -74,6 +75,23 @@ std::string shell_join(const std::vector<std::string>& args) {
     out += (out.empty() ? "" : " ") + (plain ? a : "'" + a + "'");
   }
   return out;
+}
+
+// Local. The strings of a checkpoint's /meta group; empty when the file cannot be read.
+std::map<std::string, std::string> read_checkpoint_meta(const std::string& path) {
+  std::map<std::string, std::string> meta;
+  h5::SilenceErrors quiet;
+  const hid_t raw = H5Fopen(path.c_str(), H5F_ACC_RDONLY, h5::serial_file_access());
+  if (raw < 0) return meta;
+  try {
+    h5::Handle file = h5::file(raw);
+    if (!h5::exists(file, format::kMetaGroup)) return meta;
+    h5::Handle group = h5::group(H5Gopen2(file, format::kMetaGroup, H5P_DEFAULT));
+    for (const auto& name : h5::attr_names(group)) meta[name] = h5::read_attr_string(group, name);
+  } catch (const Error&) {
+    meta.clear();
+  }
+  return meta;
 }
 
 struct EvalResult {
@@ -330,9 +348,9 @@ class Trainer {
       comm_.raise_if_any("--device " + config_.device + ": " + std::to_string(all_cuda) + " of " +
                          std::to_string(comm_.size()) +
                          " ranks have a usable GPU and the others not; pass --device cpu, or give every rank a GPU");
+    if (choice.cuda) set_cuda_device(choice.index);
+    if (choice.cuda && !one_gpu_per_rank(choice.index)) choice = DeviceChoice{};  // --device auto: the CPU
     if (choice.cuda) {
-      set_cuda_device(choice.index);
-      check_one_gpu_per_rank(choice.index);
 #ifdef H5DDP_WITH_CUDA
       device_comm_ = NcclComm::create(comm_);
 #endif
@@ -348,9 +366,10 @@ class Trainer {
           ", precision " + config_.precision);
   }
 
-  // Collective. Two ranks of one host on one GPU (each sees one GPU, the same one) would make NCCL fail later
-  // with a less clear error: compare "host bus-id" of every rank.
-  void check_one_gpu_per_rank(int index) {
+  // Collective, the same verdict everywhere. Two ranks of one host on one GPU (each sees one GPU, the same one)
+  // would make NCCL fail later with a less clear error: compare "host bus-id" of every rank. A clash is an
+  // error with --device cuda; with auto the job trains on the CPU (false).
+  bool one_gpu_per_rank(int index) {
     constexpr size_t kLen = 160;
     char mine[kLen] = {};
     char host[64] = {};
@@ -368,7 +387,12 @@ class Trainer {
         err = "--device cuda: ranks " + std::to_string(it->second) + " and " + std::to_string(r) + " on " + host +
               " both got the GPU at " + bus + "; give each rank its own (srun --gpus-per-task=1, or fewer ranks)";
     }
+    if (!err.empty() && config_.device == "auto") {
+      if (root_) log::root_info("note: " + err.substr(err.find(':') + 2) + "; --device auto trains on the CPU");
+      return false;
+    }
     comm_.raise_if_any(err);
+    return true;
   }
 
   // Collective (the same verdict everywhere). The model takes the samples (a forward of two of them in eval
@@ -417,7 +441,16 @@ class Trainer {
       else if (config_.resume != "none")
         info = ckpt_->resume_from(config_.resume);
     } catch (const CheckpointMismatchError& e) {
-      CheckpointMismatchError more(std::string(e.what()) + "\n  this run's model: " + model_.description +
+      // Which model the refused file holds: from its /meta (the file the error names).
+      std::vector<std::string> paths = list_resume_candidates(comm_, config_.run_dir).paths;  // collective
+      if (config_.resume != "auto") paths = {config_.resume};
+      std::string holds;
+      for (const auto& p : paths)
+        if (root_ && holds.empty() && std::string(e.what()).find(p) != std::string::npos)
+          holds = model_identity_difference(read_checkpoint_meta(p), model_);
+      holds = comm_.broadcast_string(holds, 0);  // every rank, whatever rank 0 found
+      CheckpointMismatchError more(std::string(e.what()) + "\n  " +
+                                   (holds.empty() ? "this run's model: " + model_.description : holds) +
                                    "; resume with the model that wrote the checkpoint (h5ddp-ckpt info FILE names "
                                    "it in /meta) or train the new model in another --run-dir");
       if (!e.agreed()) throw more;

@@ -1,4 +1,4 @@
-// NcclComm on cudaMalloc'd buffers (label gpu: needs one GPU per rank, or ranks sharing one GPU).
+// NcclComm on cudaMalloc'd buffers (label gpu: needs one GPU per rank; NCCL refuses two ranks on one GPU).
 #include "h5ddp/nccl_comm.hpp"
 
 #include <cuda_runtime_api.h>
