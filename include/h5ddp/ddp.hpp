@@ -41,6 +41,10 @@ struct DdpOptions {
   bool find_unused_parameters = false;
   // Communicator for CUDA parameters (an NcclComm); required iff the module has CUDA parameters. Not owned.
   Comm* device_comm = nullptr;
+  // float32 CUDA buckets travel as bfloat16 over device_comm (half the bytes; each rank's gradient rounded to
+  // bf16 before the sum, as PyTorch's bf16 compression hook does) and are widened back before averaging. CPU
+  // buckets keep their dtype: MPI has no bfloat16 sum.
+  bool reduce_bf16 = false;
 };
 
 class DistributedDataParallel {

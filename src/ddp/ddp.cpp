@@ -104,6 +104,7 @@ std::optional<DType> dtype_of(torch::ScalarType t) {
 
 struct DistributedDataParallel::Bucket {
   torch::Tensor buffer;  // flat; the last bucket has one extra trailing element (see finish_backward)
+  torch::Tensor wire;    // DdpOptions::reduce_bf16: the bfloat16 copy being reduced (undefined otherwise)
   int64_t grad_numel = 0;
   size_t pending = 0;  // parameters whose gradient is not ready yet in this step
   std::unique_ptr<Work> work;
@@ -327,9 +328,12 @@ void DistributedDataParallel::launch(size_t b, bool from_hook) {
   ++stats_.buckets_launched;
   if (from_hook) ++stats_.buckets_launched_in_backward;
   if (st.comm->size() == 1) return;  // nothing to average with; the bucket already holds the result
-  st.work = st.comm->allreduce_async(st.buffer.data_ptr(), static_cast<size_t>(st.buffer.numel()),
-                                     to_dtype(st.buffer.scalar_type()), ReduceOp::kSum);
-  stats_.bytes_reduced += st.buffer.nbytes();
+  torch::Tensor& sent = options_.reduce_bf16 && st.buffer.is_cuda() && st.buffer.scalar_type() == torch::kFloat32
+                            ? (st.wire = st.buffer.to(torch::kBFloat16))
+                            : st.buffer;
+  st.work = st.comm->allreduce_async(sent.data_ptr(), static_cast<size_t>(sent.numel()), to_dtype(sent.scalar_type()),
+                                     ReduceOp::kSum);
+  stats_.bytes_reduced += sent.nbytes();
 }
 
 void DistributedDataParallel::drive_progress() {
@@ -381,6 +385,10 @@ void DistributedDataParallel::finish_backward() {
     if (!st->work) continue;
     st->work->wait();
     st->work.reset();
+    if (st->wire.defined()) {  // widened back on the caller's stream, ordered after the reduction
+      st->buffer.copy_(st->wire);
+      st->wire.reset();
+    }
   }
   if (used_work) used_work->wait();
   stats_.comm_wait_seconds += seconds_since(tw);

@@ -314,6 +314,7 @@ class Trainer {
     optimizer_ = make_optimizer(config_, model_.module->parameters());  // after the move: state on the device
     DdpOptions ddp_options;
     ddp_options.device_comm = device_comm_.get();
+    ddp_options.reduce_bf16 = compute_.bf16 && compute_.device.is_cuda();  // NCCL sums bf16; MPI cannot
     ddp_ = std::make_unique<DistributedDataParallel>(model_.module, comm_, ddp_options);
     ckpt_ = std::make_unique<Checkpointer>(comm_, *model_.module, *optimizer_, checkpointer_options(config_));
     seed_rank_rng(config_.seed, comm_.rank());
