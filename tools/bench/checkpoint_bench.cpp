@@ -4,19 +4,19 @@
 //          broadcasts the shares so every rank holds everything): the practical limit
 //   raw_direct  (load only, with raw) the same reads with O_DIRECT, two in flight: h5ddp's technique for a rank
 //          alone on its host, without HDF5 or checksums
-//   folk   rank 0 alone torch::pickle_save's a dict of the tensors while the others wait at a barrier;
-//          load: every rank (or with --folk-load root: rank 0, then MPI_Bcast) torch::pickle_load's it
+// What PyTorch users run (Python torch.save / torch.load of the same state) and dd of the same bytes are
+// measured by tools/bench/torch_ckpt_peer.py; tools/bench/checkpoint_bench.sh interleaves the two programs.
 //
-//   mpirun -np 2 h5ddp-bench-checkpoint --gib 1 --dir /tmp/bench [--fsync 1] [--load 1] [--folk-load all|root]
-//                                       [--methods h5ddp,raw,raw_direct,folk] [--reps R] [--tensors K] [--verify 0|1]
-//                                       [--settle SECONDS]
+//   mpirun -np 2 h5ddp-bench-checkpoint --gib 1 --dir /tmp/bench [--fsync 1] [--load 1]
+//                                       [--methods h5ddp,raw,raw_direct,no_early_writeback] [--reps R] [--tensors K]
+//                                       [--verify 0|1]
+//                                       [--settle SECONDS] [--order N]
 //
 // Times are wall clock between barriers (the slowest rank). Before every load the file is fdatasync'ed and
 // evicted from the page cache (posix_fadvise DONTNEED), so loads read the disk. Extra memory is the rise of
 // the peak RSS (VmHWM, reset through /proc/self/clear_refs before each operation) over the RSS before it,
 // max over ranks. Prints "RESULT key=value ..." lines on rank 0 for tools/bench/checkpoint_bench.sh.
 #include <fcntl.h>
-#include <torch/torch.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -44,14 +44,14 @@ struct Options {
   std::string dir = "/tmp/h5ddp-bench";
   bool fsync = true;
   bool load = true;
-  bool folk_load_all = true;
   // Seconds between evicting a file and loading it. 0 loads at once; a resume comes seconds after the memory
   // was freed, which on a VM that hands free memory back to its host (free page reporting) matters: see
   // docs/BENCHMARKS.md "Direct reads".
   double settle = 0;
   int tensors = 48;  // a third model weights, two thirds Adam state (exp_avg, exp_avg_sq)
-  std::string methods = "h5ddp,raw,raw_direct,folk";
+  std::string methods = "h5ddp,raw,raw_direct";
   int reps = 1;
+  int order = 0;       // added to the repetition number where methods take turns (the driver's repetition)
   bool verify = true;  // load_checkpoint's checksum verification (on by default, as in the trainer)
   bool has(const char* m) const { return methods.find(m) != std::string::npos; }
 };
@@ -74,11 +74,6 @@ void evict(const std::string& path) {
   ::fdatasync(fd);
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   ::close(fd);
-}
-
-void fsync_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd >= 0) ::fsync(fd), ::close(fd);
 }
 
 uint64_t fingerprint(const uint8_t* p, size_t n) {
@@ -126,20 +121,30 @@ class Bench {
   }
 
   void run() {
-    const std::string h5 = o_.dir + "/bench.h5", raw = o_.dir + "/raw.bin", folk = o_.dir + "/folk.pt";
-    // Untimed warm-up of the same size: the first large write of a process is slower for reasons that have
-    // nothing to do with the method (page-cache reclaim), and would otherwise penalise whichever runs first.
+    const std::string h5 = o_.dir + "/bench.h5", raw = o_.dir + "/raw.bin";
+    // Untimed warm-ups of the same size, one per writer: on these VMs the first large writes after a process
+    // starts ran at a third of the speed of later ones for every method (h5ddp's first save: pwrite64 of 10 MB
+    // in 30-100 ms, then 0.1 s for the whole 0.45 GiB share), which would penalise whichever runs first.
+    // Timed operations are then each method's steady state, as in a run that checkpoints periodically.
     raw_io(raw, true);
     remove(raw);
+    if (o_.has("h5ddp")) {
+      SaveOptions so;
+      so.fsync = o_.fsync;
+      so.name = "bench.h5";
+      save_checkpoint(comm_, state_, o_.dir, so);
+      remove(h5);
+      remove(o_.dir + "/latest");
+    }
     for (int rep = 0; rep < o_.reps; ++rep) {
-      if (o_.has("h5ddp")) save_load_h5ddp(h5);
+      if (o_.has("h5ddp")) save_load_h5ddp(h5, rep + o_.order);
       if (o_.has("raw")) save_load_raw(raw);
-      if (o_.has("folk") && rep == 0) save_load_folk(folk);  // minutes per GiB: once is enough
+      if (o_.has("no_early_writeback")) save_without_early_writeback(h5);
     }
   }
 
  private:
-  void save_load_h5ddp(const std::string& h5) {
+  void save_load_h5ddp(const std::string& h5, int rep) {
     measure("save", "h5ddp", [&] {
       SaveOptions so;
       so.fsync = o_.fsync;
@@ -147,8 +152,13 @@ class Bench {
       save_checkpoint(comm_, state_, o_.dir, so);
     });
     if (o_.load) {
-      for (auto [name, strategy] : {std::pair{"h5ddp_every_rank_reads", LoadStrategy::kEveryRankReads},
-                                    std::pair{"h5ddp_share_exchange", LoadStrategy::kShareExchange}}) {
+      // The two strategies take turns going first (--order): the first load after a save ran slower on these
+      // VMs whichever strategy it was.
+      std::vector<std::pair<const char*, LoadStrategy>> strategies = {
+          {"h5ddp_every_rank_reads", LoadStrategy::kEveryRankReads},
+          {"h5ddp_share_exchange", LoadStrategy::kShareExchange}};
+      if (rep % 2 == 1) std::swap(strategies[0], strategies[1]);
+      for (auto [name, strategy] : strategies) {
         cold(h5);
         LoadOptions lo;
         lo.strategy = strategy;
@@ -157,6 +167,19 @@ class Bench {
         check(name);
       }
     }
+    remove(h5);
+    remove(o_.dir + "/latest");
+  }
+  // A/B of the early writeback (H5DDP_EARLY_WRITEBACK=0 turns it off): the same save without it.
+  void save_without_early_writeback(const std::string& h5) {
+    ::setenv("H5DDP_EARLY_WRITEBACK", "0", 1);
+    measure("save", "h5ddp_no_early_writeback", [&] {
+      SaveOptions so;
+      so.fsync = o_.fsync;
+      so.name = "bench.h5";
+      save_checkpoint(comm_, state_, o_.dir, so);
+    });
+    ::unsetenv("H5DDP_EARLY_WRITEBACK");
     remove(h5);
     remove(o_.dir + "/latest");
   }
@@ -182,16 +205,6 @@ class Bench {
     }
     remove(raw);
   }
-  void save_load_folk(const std::string& folk) {
-    measure("save", "folk_pickle", [&] { folk_save(folk); });
-    if (o_.load) {
-      cold(folk);
-      measure("load", "folk_pickle", [&] { folk_load(folk); });
-      check("folk_pickle");
-    }
-    remove(folk);
-  }
-
   void measure(const char* op, const char* method, const std::function<void()>& f) {
     comm_.barrier();
     reset_peak_rss();
@@ -284,41 +297,6 @@ class Bench {
       comm_.broadcast(arena_.get() + share(k).first, share(k).second - share(k).first, DType::kU8, k);
   }
 
-  c10::Dict<std::string, torch::Tensor> as_dict() {
-    c10::Dict<std::string, torch::Tensor> d;
-    auto add = [&](const TensorRef& t) { d.insert(t.name, torch::from_blob(t.data, t.shape, torch::kFloat32)); };
-    for (const auto& t : state_.model) add(t);
-    for (const auto& t : state_.optimizer.state) add(t);
-    return d;
-  }
-
-  void folk_save(const std::string& path) {
-    if (comm_.rank() == 0) {
-      std::vector<char> bytes = torch::pickle_save(c10::IValue(as_dict()));
-      std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-      if (o_.fsync) fsync_file(path);
-    }
-    comm_.barrier();
-  }
-
-  void folk_load(const std::string& path) {
-    const bool reader = o_.folk_load_all || comm_.rank() == 0;
-    if (reader) {
-      std::vector<char> bytes(fs::file_size(path));
-      std::ifstream(path, std::ios::binary).read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-      auto dict = torch::pickle_load(bytes).toGenericDict();
-      bytes = {};
-      for (auto* refs : {&state_.model, &state_.optimizer.state})
-        for (const auto& t : *refs) {
-          torch::Tensor x = dict.at(t.name).toTensor().contiguous();
-          std::memcpy(t.data, x.data_ptr(), t.nbytes());
-        }
-    }
-    if (!o_.folk_load_all)
-      for (auto* refs : {&state_.model, &state_.optimizer.state})
-        for (const auto& t : *refs) comm_.broadcast(t.data, t.nbytes(), DType::kU8, 0);
-  }
-
   struct Free {
     void operator()(uint8_t* p) const { std::free(p); }
   };
@@ -342,14 +320,14 @@ Options parse(int argc, char** argv) {
       o.fsync = v == "1";
     else if (k == "--load")
       o.load = v == "1";
-    else if (k == "--folk-load")
-      o.folk_load_all = v == "all";
     else if (k == "--methods")
       o.methods = v;
     else if (k == "--verify")
       o.verify = v == "1";
     else if (k == "--settle")
       o.settle = std::stod(v);
+    else if (k == "--order")
+      o.order = std::stoi(v);
     else if (k == "--reps")
       o.reps = std::max(1, std::stoi(v));
     else if (k == "--tensors")

@@ -1,32 +1,46 @@
 #!/usr/bin/env bash
-# Checkpoint benchmark driver: h5ddp save/load vs raw MPI-IO vs rank-0 torch::pickle_save/load, for the cases
-# of issue 4, all in one run; prints the markdown tables for docs/BENCHMARKS.md "## Checkpoint".
-#   tools/bench/checkpoint_bench.sh [BUILD_DIR] [SCRATCH_DIR]      (env: REPS=2, FOLK_MAX_GIB=1, CASES="1:1 1:2 3:1 3:2 1:4",
-#                                                                    SETTLE=0: seconds between eviction and each load)
-# Each case is "GiB:ranks"; each runs without and with fsync. Files are deleted after every measurement.
+# Checkpoint benchmark driver: h5ddp save/load against what PyTorch users run (rank 0's Python torch.save, every
+# rank's torch.load(map_location="cpu")), dd of the same bytes (the disk's limit) and raw MPI-IO, all in one run;
+# prints the markdown tables for docs/BENCHMARKS.md "## Checkpoint".
+#   tools/bench/checkpoint_bench.sh [BUILD_DIR] [SCRATCH_DIR]
+#     env: REPS=3, CASES="0.45:2 0.45:4 1:1 1:2 1:4" (GiB:ranks), FSYNCS="1" (0 and/or 1), SETTLE=0 (seconds between
+#          eviction and each h5ddp/raw load), PY=/usr/bin/python3, H5DDP_BENCH_ENV (extra env for h5ddp, e.g. a
+#          setting under test)
+# Each repetition runs h5ddp-bench-checkpoint (h5ddp, raw MPI-IO, raw O_DIRECT) and tools/bench/torch_ckpt_peer.py
+# (torch.save/load, dd) once, the order alternating by repetition so that drift in the machine hits both.
+# Files are deleted after every measurement.
 set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
 build="${1:-build}"
 scratch="${2:-${TMPDIR:-/tmp}/h5ddp-ckpt-bench}"
-reps="${REPS:-2}"
+reps="${REPS:-3}"
 settle="${SETTLE:-0}"
-folk_max="${FOLK_MAX_GIB:-1}"
-cases="${CASES:-1:1 1:2 1:4 3:1 3:2}"
+cases="${CASES:-0.45:2 0.45:4 1:1 1:2 1:4}"
+fsyncs="${FSYNCS:-1}"
+py="${PY:-/usr/bin/python3}"
 bench="$build/tools/bench/h5ddp-bench-checkpoint"
 results="$(mktemp)"
+trap 'rm -f "$results"; rm -rf "$scratch"' EXIT
+export OMP_NUM_THREADS=1
+mpi=(mpirun --allow-run-as-root --oversubscribe)
 df -h "$(dirname "$scratch")" >&2
 for c in $cases; do
   gib="${c%%:*}"; np="${c#*:}"
-  for fsync in 0 1; do
-    methods="h5ddp,raw,raw_direct"
-    # torch::pickle_save/load runs at ~25 MB/s here and needs ~3x the state in memory: measured once per case
-    # (with fsync), and only up to FOLK_MAX_GIB.
-    if [ "$fsync" = 1 ] && awk "BEGIN{exit !($gib <= $folk_max)}"; then methods="$methods,folk"; fi
-    echo "case ${gib} GiB, ${np} ranks, fsync=${fsync}: $methods" >&2
-    rm -rf "$scratch"
-    OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np "$np" "$bench" --gib "$gib" --dir "$scratch" \
-      --fsync "$fsync" --methods "$methods" --reps "$reps" --settle "$settle" --folk-load root | tee -a "$results" | grep RESULT >&2 || true
-    rm -rf "$scratch"
+  for fsync in $fsyncs; do
+    for ((rep = 0; rep < reps; rep++)); do
+      echo "case ${gib} GiB, ${np} ranks, fsync=${fsync}, repetition $((rep + 1))/$reps" >&2
+      h5() {
+        rm -rf "$scratch"
+        env ${H5DDP_BENCH_ENV:-} "${mpi[@]}" -np "$np" "$bench" --gib "$gib" --dir "$scratch" --fsync "$fsync" \
+          --reps 1 --order "$rep" --settle "$settle"
+      }
+      peer() {
+        rm -rf "$scratch"
+        "${mpi[@]}" -np "$np" "$py" "$here/torch_ckpt_peer.py" --gib "$gib" --dir "$scratch" --fsync "$fsync"
+      }
+      if ((rep % 2 == 0)); then h5; peer; else peer; h5; fi | tee -a "$results" | grep RESULT >&2 || true
+      rm -rf "$scratch"
+    done
   done
 done
-python3 "$(dirname "$0")/checkpoint_bench_table.py" "$results"
-rm -f "$results"
+"$py" "$here/checkpoint_bench_table.py" "$results"

@@ -1,12 +1,14 @@
-"""Turns h5ddp-bench-checkpoint RESULT lines into the markdown tables of docs/BENCHMARKS.md "## Checkpoint".
-Best (minimum) time over repetitions per (case, op, method); ratios are throughput ratios (other time / h5ddp time).
-The load table also gives the ratio of the medians (default strategy, every rank reads, against raw): on a disk
-whose speed swings between runs, one lucky raw repetition decides the ratio of the bests."""
+"""Turns the RESULT lines of h5ddp-bench-checkpoint and tools/bench/torch_ckpt_peer.py (one run of
+tools/bench/checkpoint_bench.sh) into the markdown tables of docs/BENCHMARKS.md "## Checkpoint".
+
+Times are medians over repetitions; ratios are throughput ratios (other's median time / h5ddp's median time), and
+"paired" lists the ratio of each repetition (the two programs ran back to back in it), so that one lucky run of
+either side cannot decide a row. h5ddp's load is the default strategy (every rank reads); share + exchange is
+shown beside it."""
 import collections
 import statistics
 import sys
 
-best = {}
 times = collections.defaultdict(list)
 rss = collections.defaultdict(float)
 for line in open(sys.argv[1]):
@@ -14,43 +16,49 @@ for line in open(sys.argv[1]):
         continue
     kv = dict(item.split("=", 1) for item in line.split()[1:])
     key = (float(kv["gib"]), int(kv["ranks"]), int(kv["fsync"]), kv["op"], kv["method"])
-    best[key] = min(best.get(key, 1e30), float(kv["seconds"]))
     times[key].append(float(kv["seconds"]))
     rss[key] = max(rss[key], float(kv["extra_rss_pct"]))
 
-cases = sorted({k[:3] for k in best})
+cases = sorted({k[:3] for k in times})
 
 
-def t(case, op, method):
-    return best.get(case + (op, method))
+def med(case, op, method):
+    v = times.get(case + (op, method))
+    return statistics.median(v) if v else None
 
 
 def fmt(x):
     return "-" if x is None else f"{x:.2f}"
 
 
-def ratio(a, b):
-    return "-" if a is None or b is None else f"{a / b:.2f}x"
+def ratio(other, h5):
+    return "-" if other is None or h5 is None else f"{other / h5:.2f}x"
 
 
-print("### Save (seconds, best of repetitions; ratio = throughput relative to h5ddp's)\n")
-print("| GiB | ranks | fsync | h5ddp | raw MPI-IO | folk pickle | h5ddp / raw | h5ddp vs folk | h5ddp extra RSS |")
-print("|---|---|---|---|---|---|---|---|---|")
+def paired(case, op, other, h5, per_rep_other=1):
+    a, b = times.get(case + (op, other), []), times.get(case + (op, h5), [])
+    # raw methods load twice per repetition: take each repetition's first
+    a = a[::per_rep_other]
+    return " ".join(f"{x / y:.2f}" for x, y in zip(a, b)) or "-"
+
+
+print("### Save (seconds, median of repetitions; ratio = throughput relative to h5ddp's)\n")
+print("| GiB | ranks | fsync | h5ddp | torch.save (rank 0) | dd | raw MPI-IO | h5ddp vs torch.save | paired | "
+      "h5ddp / dd | paired | h5ddp / raw | h5ddp extra RSS |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for c in cases:
-    h, r, f = t(c, "save", "h5ddp"), t(c, "save", "raw_mpiio"), t(c, "save", "folk_pickle")
-    print(f"| {c[0]:.0f} | {c[1]} | {c[2]} | {fmt(h)} | {fmt(r)} | {fmt(f)} | {ratio(r, h)} | {ratio(f, h)} | "
-          f"{rss[c + ('save', 'h5ddp')]:.1f}% |")
-print("\n### Load (seconds, cold page cache; every rank ends with the whole state)\n")
-print("| GiB | ranks | fsync | share+exchange | every rank reads | raw MPI-IO + bcast | raw O_DIRECT + bcast | "
-      "folk pickle | best h5ddp / raw | median every-rank-reads / raw | median every-rank-reads / raw O_DIRECT | "
-      "best h5ddp vs folk |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    h, ts, dd, r = (med(c, "save", m) for m in ("h5ddp", "torch_save", "dd", "raw_mpiio"))
+    print(f"| {c[0]:.2f} | {c[1]} | {c[2]} | {fmt(h)} | {fmt(ts)} | {fmt(dd)} | {fmt(r)} | **{ratio(ts, h)}** | "
+          f"{paired(c, 'save', 'torch_save', 'h5ddp')} | **{ratio(dd, h)}** | {paired(c, 'save', 'dd', 'h5ddp')} | "
+          f"{ratio(r, h)} | {rss[c + ('save', 'h5ddp')]:.1f}% |")
+print("\n### Load (seconds, median, cold page cache; every rank ends with the whole state)\n")
+print("| GiB | ranks | fsync | h5ddp (every rank reads) | share+exchange | torch.load (every rank) | dd cold read | "
+      "raw MPI-IO + bcast | raw O_DIRECT + bcast | h5ddp vs torch.load | paired | h5ddp / dd read | paired | "
+      "torch.load extra RSS |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for c in cases:
-    se, ev = t(c, "load", "h5ddp_share_exchange"), t(c, "load", "h5ddp_every_rank_reads")
-    r, rd, f = t(c, "load", "raw_mpiio"), t(c, "load", "raw_direct"), t(c, "load", "folk_pickle")
-    h = min(x for x in (se, ev) if x is not None) if (se or ev) else None
-    med = {m: statistics.median(times[c + ("load", m)]) if times[c + ("load", m)] else None
-           for m in ("h5ddp_every_rank_reads", "raw_mpiio", "raw_direct")}
-    print(f"| {c[0]:.0f} | {c[1]} | {c[2]} | {fmt(se)} | {fmt(ev)} | {fmt(r)} | {fmt(rd)} | {fmt(f)} | "
-          f"{ratio(r, h)} | {ratio(med['raw_mpiio'], med['h5ddp_every_rank_reads'])} | "
-          f"{ratio(med['raw_direct'], med['h5ddp_every_rank_reads'])} | {ratio(f, h)} |")
+    ev, se, tl, dd, r, rd = (med(c, "load", m) for m in ("h5ddp_every_rank_reads", "h5ddp_share_exchange",
+                                                         "torch_load", "dd_cold_read", "raw_mpiio", "raw_direct"))
+    print(f"| {c[0]:.2f} | {c[1]} | {c[2]} | {fmt(ev)} | {fmt(se)} | {fmt(tl)} | {fmt(dd)} | {fmt(r)} | {fmt(rd)} | "
+          f"**{ratio(tl, ev)}** | {paired(c, 'load', 'torch_load', 'h5ddp_every_rank_reads')} | **{ratio(dd, ev)}** | "
+          f"{paired(c, 'load', 'dd_cold_read', 'h5ddp_every_rank_reads')} | {rss[c + ('load', 'torch_load')]:.0f}% |")
