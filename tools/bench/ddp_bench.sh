@@ -8,6 +8,8 @@
 #                                                    WAITS="auto" (or "spin sleep": H5DDP_MPI_WAIT for each h5ddp run)
 #                                                    BIND=auto (mpirun --bind-to for both frameworks: auto = core,
 #                                                    with overload-allowed when ranks > cores; or none, socket, ...)
+#                                                    COMPETE=0 (that many single-threaded busy loops run beside
+#                                                    both frameworks for the whole run: the same competing load)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-${H5DDP_BINARY_DIR:-$here/../../build}}
@@ -43,7 +45,13 @@ run_pytorch() {
   port=$((port + 1))
   MASTER_PORT=$port timeout 900 "${mpirun[@]}" -x MASTER_PORT -np "$np" "$python" "$here/ddp_bench.py" $args 2>/dev/null | record
 }
-echo "# $(date -u +%FT%TZ) $cores cores, bind $BIND, load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$LOG"
+COMPETE=${COMPETE:-0}
+competitors=()
+for ((i = 0; i < COMPETE; i++)); do
+  "$python" -c 'while True: pass' & competitors+=($!)
+done
+trap '[[ ${#competitors[@]} -eq 0 ]] || kill "${competitors[@]}" 2>/dev/null' EXIT
+echo "# $(date -u +%FT%TZ) $cores cores, bind $BIND, $COMPETE competing busy loops, load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$LOG"
 for model in $MODELS; do
   args=$CNN_ARGS; [[ $model == mlp ]] && args=$MLP_ARGS
   for np in $RANKS; do
