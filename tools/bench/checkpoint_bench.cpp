@@ -129,12 +129,8 @@ class Bench {
     raw_io(raw, true);
     remove(raw);
     if (o_.has("h5ddp")) {
-      SaveOptions so;
-      so.fsync = o_.fsync;
-      so.name = "bench.h5";
-      save_checkpoint(comm_, state_, o_.dir, so);
-      remove(h5);
-      remove(o_.dir + "/latest");
+      save_h5ddp();
+      remove_h5ddp(h5);
     }
     for (int rep = 0; rep < o_.reps; ++rep) {
       if (o_.has("h5ddp")) save_load_h5ddp(h5, rep + o_.order);
@@ -145,12 +141,7 @@ class Bench {
 
  private:
   void save_load_h5ddp(const std::string& h5, int rep) {
-    measure("save", "h5ddp", [&] {
-      SaveOptions so;
-      so.fsync = o_.fsync;
-      so.name = "bench.h5";
-      save_checkpoint(comm_, state_, o_.dir, so);
-    });
+    measure("save", "h5ddp", [&] { save_h5ddp(); });
     if (o_.load) {
       // The two strategies take turns going first (--order): the first load after a save ran slower on these
       // VMs whichever strategy it was.
@@ -167,19 +158,22 @@ class Bench {
         check(name);
       }
     }
-    remove(h5);
-    remove(o_.dir + "/latest");
+    remove_h5ddp(h5);
   }
   // A/B of the early writeback (H5DDP_EARLY_WRITEBACK=0 turns it off): the same save without it.
   void save_without_early_writeback(const std::string& h5) {
     ::setenv("H5DDP_EARLY_WRITEBACK", "0", 1);
-    measure("save", "h5ddp_no_early_writeback", [&] {
-      SaveOptions so;
-      so.fsync = o_.fsync;
-      so.name = "bench.h5";
-      save_checkpoint(comm_, state_, o_.dir, so);
-    });
+    measure("save", "h5ddp_no_early_writeback", [&] { save_h5ddp(); });
     ::unsetenv("H5DDP_EARLY_WRITEBACK");
+    remove_h5ddp(h5);
+  }
+  void save_h5ddp() {
+    SaveOptions so;
+    so.fsync = o_.fsync;
+    so.name = "bench.h5";
+    save_checkpoint(comm_, state_, o_.dir, so);
+  }
+  void remove_h5ddp(const std::string& h5) {
     remove(h5);
     remove(o_.dir + "/latest");
   }

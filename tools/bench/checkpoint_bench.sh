@@ -23,21 +23,22 @@ results="$(mktemp)"
 trap 'rm -f "$results"; rm -rf "$scratch"' EXIT
 export OMP_NUM_THREADS=1
 mpi=(mpirun --allow-run-as-root --oversubscribe)
+# One run of each program for the case and repetition set by the loops below (gib, np, fsync, rep).
+h5() {
+  rm -rf "$scratch"
+  env ${H5DDP_BENCH_ENV:-} "${mpi[@]}" -np "$np" "$bench" --gib "$gib" --dir "$scratch" --fsync "$fsync" \
+    --reps 1 --order "$rep" --settle "$settle"
+}
+peer() {
+  rm -rf "$scratch"
+  "${mpi[@]}" -np "$np" "$py" "$here/torch_ckpt_peer.py" --gib "$gib" --dir "$scratch" --fsync "$fsync"
+}
 df -h "$(dirname "$scratch")" >&2
 for c in $cases; do
   gib="${c%%:*}"; np="${c#*:}"
   for fsync in $fsyncs; do
     for ((rep = 0; rep < reps; rep++)); do
       echo "case ${gib} GiB, ${np} ranks, fsync=${fsync}, repetition $((rep + 1))/$reps" >&2
-      h5() {
-        rm -rf "$scratch"
-        env ${H5DDP_BENCH_ENV:-} "${mpi[@]}" -np "$np" "$bench" --gib "$gib" --dir "$scratch" --fsync "$fsync" \
-          --reps 1 --order "$rep" --settle "$settle"
-      }
-      peer() {
-        rm -rf "$scratch"
-        "${mpi[@]}" -np "$np" "$py" "$here/torch_ckpt_peer.py" --gib "$gib" --dir "$scratch" --fsync "$fsync"
-      }
       if ((rep % 2 == 0)); then h5; peer; else peer; h5; fi | tee -a "$results" | grep RESULT >&2 || true
       rm -rf "$scratch"
     done

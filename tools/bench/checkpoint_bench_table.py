@@ -44,10 +44,8 @@ def ratio(other, h5):
     return "-" if other is None or h5 is None else f"{other / h5:.2f}x"
 
 
-def paired(case, op, other, h5, per_rep_other=1):
+def paired(case, op, other, h5):
     a, b = times.get(case + (op, other), []), times.get(case + (op, h5), [])
-    # raw methods load twice per repetition: take each repetition's first
-    a = a[::per_rep_other]
     return " ".join(f"{x / y:.2f}" for x, y in zip(a, b)) or "-"
 
 
