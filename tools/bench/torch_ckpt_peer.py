@@ -93,6 +93,10 @@ class Peer:
             os.remove(path)
         self.comm.Barrier()
 
+    def fingerprint(self):
+        ts = list(self.model.values()) + [s[k] for s in self.optim["state"].values() for k in ("exp_avg", "exp_avg_sq")]
+        return [float(t.double().sum()) for t in ts]
+
     def torch_save(self):
         if self.comm.rank == 0:
             torch.save({"model": self.model, "optimizer": self.optim}, self.pt)
@@ -134,7 +138,12 @@ class Peer:
             if "torch" in self.a.methods:
                 self.measure("save", "torch_save", self.torch_save)
                 self.cold(self.pt)
+                before = self.fingerprint()
+                for t in self.model.values():  # the load must bring the values back, not find them there
+                    t.zero_()
                 self.measure("load", "torch_load", self.torch_load)
+                if self.fingerprint() != before:
+                    raise SystemExit(f"rank {self.comm.rank}: torch.load of {self.pt} did not restore the state")
                 self.remove(self.pt)
             if "dd" in self.a.methods:
                 self.measure("save", "dd", lambda: self.dd(True))
