@@ -27,4 +27,9 @@ std::vector<BucketSpec> assign_buckets(const std::vector<size_t>& nbytes, const 
                                        size_t first_bucket_bytes = kFirstBucketBytes,
                                        size_t bucket_cap_bytes = kBucketBytesCap);
 
+// Optimizer sharding (ZeRO-1): the rank that owns each tensor's optimizer state. Whole tensors, largest
+// first, each to the rank with the fewest bytes so far (the lowest such rank on a tie), so the same sizes and
+// world always give the same owners. Ranks may own nothing when there are fewer tensors than ranks. Pure.
+std::vector<int> assign_shards(const std::vector<size_t>& nbytes, int world);
+
 }  // namespace h5ddp

@@ -49,6 +49,10 @@ struct CheckpointerOptions {
   // A failed periodic save is reported on rank 0 and retried at the next trigger (the previous checkpoint
   // and `latest` stay as they were); false: it throws. Final and signal saves always throw.
   bool continue_on_save_error = false;
+  // ZeRO-1 (DdpOptions::shard_optimizer): the optimizer holds only this rank's parameters. Each rank saves the
+  // state it holds into the same file a replicated run writes, and a resume on any number of ranks, sharded
+  // or not, loads into each rank exactly the state of the parameters its optimizer holds.
+  bool shard_optimizer = false;
   LoadOptions load;
 };
 

@@ -39,6 +39,15 @@ class Comm {
   virtual std::unique_ptr<Work> allreduce_async(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
   // recv holds size() * count elements, rank r's contribution at offset r * count.
   virtual void allgather(const void* send, void* recv, size_t count, DType dtype) = 0;
+  // In place over segments: `buf` holds counts[0] + ... + counts[size()-1] elements, rank r's segment starting
+  // at counts[0] + ... + counts[r-1]. reduce_scatter_async starts the reduction of every segment over all ranks
+  // and returns at once; on completion this rank's segment holds the reduction of its segment, the others hold
+  // unspecified values (`buf` valid until wait() returns; the ordering rule of allreduce_async applies).
+  // Default: an in-place allreduce of the whole buffer (correct, twice the traffic); MpiComm overrides it.
+  virtual std::unique_ptr<Work> reduce_scatter_async(void* buf, const std::vector<size_t>& counts, DType dtype,
+                                                     ReduceOp op);
+  // Every rank's segment of `buf` (as above) copied to all ranks. Default: one broadcast per rank.
+  virtual void allgatherv(void* buf, const std::vector<size_t>& counts, DType dtype);
   virtual void barrier() = 0;
 
   // Collective. True on every rank iff every rank passed the same value (one allreduce).

@@ -45,6 +45,12 @@ struct DdpOptions {
   // bf16 before the sum, as PyTorch's bf16 compression hook does) and are widened back before averaging. CPU
   // buckets keep their dtype: MPI has no bfloat16 sum.
   bool reduce_bf16 = false;
+  // ZeRO-1: each parameter's optimizer state lives on one rank (assign_shards: whole parameters, balanced by
+  // bytes). finish_backward reduce-scatters each bucket instead of allreducing it: afterwards the parameters
+  // this rank owns hold the averaged gradient and the others' .grad is zero. Build the optimizer over
+  // owned_parameters() only and call gather_parameters() after every optimizer.step(). Checkpoint with
+  // CheckpointerOptions::shard_optimizer. reduce_bf16 does not apply to sharded buckets.
+  bool shard_optimizer = false;
 };
 
 class DistributedDataParallel {
@@ -97,6 +103,15 @@ class DistributedDataParallel {
   const std::vector<std::string>& parameter_names() const { return param_names_; }
   const std::vector<BucketSpec>& buckets() const { return buckets_; }
 
+  // shard_optimizer: the rank owning each parameter (index as parameters()); all 0 on one rank. Without it, empty.
+  const std::vector<int>& parameter_owners() const { return owners_; }
+  // The parameters this rank's optimizer steps: with shard_optimizer the ones it owns (possibly none), else all.
+  std::vector<torch::Tensor> owned_parameters() const;
+  // Collective, shard_optimizer only, after optimizer.step(): every rank receives the parameters the other
+  // ranks updated (one allgatherv per bucket). The gradient buckets serve as its buffer, so afterwards every
+  // parameter's .grad is zero, as after zero_grad().
+  void gather_parameters();
+
   struct Stats {
     size_t steps = 0;                         // synchronised finish_backward calls
     size_t buckets_launched = 0;              // all launches
@@ -105,6 +120,7 @@ class DistributedDataParallel {
     double comm_wait_seconds = 0;  // time finish_backward spent waiting for allreduces
     double finish_seconds = 0;     // total time in finish_backward (wait + launch + average + copy)
     double broadcast_seconds = 0;  // buffer broadcasts in prepare_forward
+    double gather_seconds = 0;     // gather_parameters (shard_optimizer)
   };
   const Stats& stats() const { return stats_; }
   void reset_stats() { stats_ = Stats{}; }
@@ -130,6 +146,7 @@ class DistributedDataParallel {
   std::vector<torch::Tensor> buffers_;
   std::vector<BucketSpec> buckets_;
   std::vector<std::unique_ptr<Bucket>> bucket_state_;
+  std::vector<int> owners_;                // shard_optimizer: param -> owning rank
   std::vector<size_t> param_bucket_;       // param -> bucket index
   std::vector<torch::Tensor> param_slot_;  // param -> view into its bucket buffer, shaped like the param
   std::vector<uint8_t> ready_;             // param -> hook fired in this step

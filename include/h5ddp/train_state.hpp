@@ -36,6 +36,11 @@ struct ParamGroup {
 
 struct OptimizerState {
   std::string type;  // "adam", "adamw", "sgd"
+  // false: every rank holds the whole state (replicated). true (ZeRO-1, DdpOptions::shard_optimizer): `state`
+  // and each group's `params` list only this rank's parameters; save merges the ranks' lists into the full
+  // logical state (the same file as a replicated run: each rank writes the datasets it owns), and load fills
+  // exactly the entries this rank lists (every entry of the file must be listed by exactly one rank).
+  bool sharded = false;
   std::vector<ParamGroup> groups;
   // Per-parameter state; name is "<param name>/<state key>", e.g. "fc1.weight/exp_avg", "fc1.weight/step".
   std::vector<TensorRef> state;

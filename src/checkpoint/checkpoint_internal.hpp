@@ -31,6 +31,7 @@ struct DatasetPlan {
   void* dst = nullptr;         // load: where the bytes go
   uint64_t checksum = 0;
   bool tensor = false;  // save: src is a caller's tensor (hashed while writing, not in the plan)
+  int owner = -1;       // >= 0: sharded, only rank `owner` holds the bytes (src is null elsewhere) and writes them
 
   size_t nbytes() const;
   size_t rows() const;       // shape[0], 1 for a scalar
@@ -47,6 +48,7 @@ struct Segment {
 
 // Pure. Splits the concatenated bytes of `datasets` into `world` contiguous shares at row granularity; returns
 // the non-empty segments in dataset order (and rank order within a dataset). Every row belongs to one segment.
+// A dataset with an owner (sharded) is one segment of its owner and takes no part in the shares.
 std::vector<Segment> compute_segments(const std::vector<DatasetPlan>& datasets, int world);
 // Pure. Assigns each whole dataset to one rank, greedily balancing bytes (used to share checksum work).
 std::vector<int> assign_whole_datasets(const std::vector<DatasetPlan>& datasets, int world);
@@ -57,6 +59,11 @@ struct SavePlan {
   std::list<std::vector<uint8_t>> storage;  // bytes of small datasets (counters, names, gathered rng rows)
   uint64_t structure_hash = 0;              // names, dtypes, shapes, attributes: must agree across ranks
 };
+// Collective, for state.optimizer.sharded: every rank's share of the optimizer state merged into the full
+// logical state (groups' parameter lists and state entries in the model's order, as a replicated optimizer
+// lists them); owners[i] is the rank holding entry i, whose data is null on the other ranks. Ranks whose shares
+// overlap or whose group counts differ: DisagreementError on every rank.
+OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::vector<int>& owners);
 // Collective (allgathers the rng rows). Builds the plan and computes the checksums of the small datasets;
 // tensor datasets (`tensor` set) get theirs while they are written (see save_checkpoint).
 SavePlan make_save_plan(Comm& comm, const TrainState& state);

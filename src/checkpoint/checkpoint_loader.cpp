@@ -25,8 +25,10 @@ std::string describe(DType dtype, const std::vector<int64_t>& shape) {
 }
 
 // Every difference between the refs and the file, one line each ("" when they match exactly).
+// `partial`: the refs are this rank's share of the group (sharded optimizer state): entries of the file they
+// do not name belong to other ranks and are not differences here.
 std::string compare_refs(const std::string& what, const std::string& group, const std::vector<TensorRef>& refs,
-                         const std::vector<TensorInfo>& found) {
+                         const std::vector<TensorInfo>& found, bool partial = false) {
   std::map<std::string, const TensorInfo*> in_file;
   for (const auto& t : found) in_file[t.name] = &t;
   std::string out;
@@ -44,8 +46,31 @@ std::string compare_refs(const std::string& what, const std::string& group, cons
       out += "\n  " + path + ": the destination has no memory";
     in_file.erase(it);
   }
+  if (partial) return out;
   for (const auto& [name, t] : in_file)
     out += "\n  not in the " + what + ": " + group + "/" + name + " (" + describe(t->dtype, t->shape) + ")";
+  return out;
+}
+
+// Collective. With sharded optimizer state every entry of the file must be loaded by exactly one rank: the
+// entries no rank or several ranks took, one line each ("" when the shares partition the file's state).
+std::string shard_coverage(Comm& comm, const std::vector<TensorRef>& refs, const std::vector<TensorInfo>& found) {
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < found.size(); ++i) index.emplace(found[i].name, i);
+  std::vector<int32_t> claimed(found.size(), 0);
+  for (const auto& r : refs)
+    if (auto it = index.find(r.name); it != index.end()) claimed[it->second] = 1;
+  if (!claimed.empty()) comm.allreduce(claimed.data(), claimed.size(), DType::kI32, ReduceOp::kSum);
+  std::string out;
+  for (size_t i = 0; i < found.size(); ++i) {
+    const std::string path = std::string(format::kOptimizerStateGroup) + "/" + found[i].name;
+    if (claimed[i] == 0)
+      out += "\n  not in the optimizer state of any rank: " + path + " (" + describe(found[i].dtype, found[i].shape) +
+             ")";
+    else if (claimed[i] > 1)
+      out += "\n  " + path + " would be loaded by " + std::to_string(claimed[i]) +
+             " ranks (their optimizer shards overlap)";
+  }
   return out;
 }
 
@@ -318,10 +343,14 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
   CheckpointManifest m;
   ckpt::throw_if_any(comm, ckpt::capture_error([&] { m = ckpt::read_manifest_from(f, path); }));
 
+  comm.require_same(state.optimizer.sharded ? 1 : 0, "whether the optimizer state is sharded");
+  const bool sharded = state.optimizer.sharded;
   std::string diff =
       compare_refs("model", format::kModelGroup, state.model, m.model) +
-      compare_refs("optimizer state", format::kOptimizerStateGroup, state.optimizer.state, m.optimizer_state) +
+      compare_refs("optimizer state", format::kOptimizerStateGroup, state.optimizer.state, m.optimizer_state,
+                   sharded) +
       compare_refs("user state", format::kUserGroup, state.user, m.user);
+  if (sharded) diff += shard_coverage(comm, state.optimizer.state, m.optimizer_state);
   if (!diff.empty()) {
     size_t n = 0;
     for (char c : diff) n += c == '\n';
@@ -332,8 +361,11 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
   timer.mark("open+manifest");
 
   std::vector<DatasetPlan> plan = load_plan(state.model, m.model, format::model_dataset);
-  for (auto& d : load_plan(state.optimizer.state, m.optimizer_state, format::optimizer_state_dataset))
-    plan.push_back(std::move(d));
+  std::vector<DatasetPlan> own = load_plan(state.optimizer.state, m.optimizer_state, format::optimizer_state_dataset);
+  if (!sharded) {
+    for (auto& d : own) plan.push_back(std::move(d));
+    own.clear();
+  }
   for (auto& d : load_plan(state.user, m.user, format::user_dataset)) plan.push_back(std::move(d));
   // Each dataset's checksum is verified by one rank (shares balanced by bytes). When that rank reads the whole
   // dataset itself (every-rank-reads) it hashes each piece as it reads it; otherwise (share + exchange) a
@@ -345,12 +377,22 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
   for (size_t i = 0; i < plan.size(); ++i) verify_here[i] = verify && owner[i] == rank;
   const bool direct = options.strategy == LoadStrategy::kEveryRankReads && use_direct_io(comm, options.direct_io);
   read_tensors(comm, f, plan, options.strategy, direct, path, verify_here, hasher);
+  // Sharded optimizer state: each rank reads (and verifies) exactly the datasets it owns, nothing else.
+  ckpt::BackgroundHasher own_hasher(own.size());
+  if (sharded) {
+    const bool own_direct = use_direct_io(comm, options.direct_io);
+    read_tensors(comm, f, own, LoadStrategy::kEveryRankReads, own_direct, path, std::vector<char>(own.size(), verify),
+                 own_hasher);
+  }
   timer.mark("read");
 
   std::string problems;
   const std::vector<uint64_t> hashed = hasher.finish();
   for (size_t i = 0; i < plan.size(); ++i)
     if (verify_here[i] && hashed[i] != plan[i].checksum) problems += "\n  checksum mismatch in dataset " + plan[i].path;
+  const std::vector<uint64_t> own_hashed = own_hasher.finish();
+  for (size_t i = 0; i < own.size(); ++i)
+    if (verify && own_hashed[i] != own[i].checksum) problems += "\n  checksum mismatch in dataset " + own[i].path;
   if (!problems.empty()) problems = path + ": corrupt data (the file's bytes do not match their xxh3):" + problems;
   ckpt::throw_if_any(comm, problems);
   timer.mark("verify");

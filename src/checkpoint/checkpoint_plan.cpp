@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <set>
+#include <sstream>
 
 #include "checkpoint/checkpoint_internal.hpp"
 #include "checkpoint/format.hpp"
@@ -38,7 +40,8 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 std::vector<Segment> compute_segments(const std::vector<DatasetPlan>& datasets, int world) {
   uint64_t total = 0;
-  for (const auto& d : datasets) total += d.nbytes();
+  for (const auto& d : datasets)
+    if (d.owner < 0) total += d.nbytes();
   // Share r covers global bytes [bound(r), bound(r+1)); a row belongs to the share holding its first byte.
   auto bound = [&](int r) -> uint64_t {
     return static_cast<uint64_t>((static_cast<unsigned __int128>(total) * r) / world);
@@ -48,6 +51,10 @@ std::vector<Segment> compute_segments(const std::vector<DatasetPlan>& datasets, 
   for (size_t i = 0; i < datasets.size(); ++i) {
     const uint64_t rows = datasets[i].rows(), rb = datasets[i].row_bytes(), n = datasets[i].nbytes();
     if (n == 0) continue;
+    if (datasets[i].owner >= 0) {
+      out.push_back(Segment{i, datasets[i].owner, 0, rows});
+      continue;
+    }
     // first_row(r): the first row whose first byte lies at or after bound(r).
     auto first_row = [&](int r) -> uint64_t {
       if (r >= world) return rows;
@@ -81,16 +88,19 @@ std::vector<int> assign_whole_datasets(const std::vector<DatasetPlan>& datasets,
 
 namespace {
 
-DatasetPlan tensor_plan(const std::string& path, const TensorRef& t) {
+// `owner` >= 0: a sharded tensor that rank `owner` holds (t.data is null on the other ranks).
+DatasetPlan tensor_plan(const std::string& path, const TensorRef& t, int owner = -1, int rank = -1) {
   DatasetPlan d;
   d.path = path;
   d.dtype = t.dtype;
   d.shape = t.shape;
   d.src = t.data;
   d.tensor = true;
+  d.owner = owner;
   for (int64_t s : t.shape)
     if (s < 0) throw CheckpointError("tensor '" + t.name + "' has a negative dimension " + shape_string(t.shape));
-  if (t.nbytes() > 0 && t.data == nullptr) throw CheckpointError("tensor '" + t.name + "' has no data pointer");
+  if (t.nbytes() > 0 && t.data == nullptr && owner == rank)
+    throw CheckpointError("tensor '" + t.name + "' has no data pointer");
   return d;
 }
 
@@ -111,17 +121,21 @@ std::string hex_double(double v) {
   return b;
 }
 
-void add_local_datasets(SavePlan& plan, const TrainState& state) {
+// `opt` is state.optimizer, or its merged form when sharded (then `owners` gives each state entry's rank).
+void add_local_datasets(SavePlan& plan, const TrainState& state, const OptimizerState& opt,
+                        const std::vector<int>& owners, int rank) {
   std::set<std::string> seen;
   auto add = [&](DatasetPlan d) {
     if (!seen.insert(d.path).second) throw CheckpointError("two tensors map to the same dataset " + d.path);
     plan.datasets.push_back(std::move(d));
   };
   for (const auto& t : state.model) add(tensor_plan(format::model_dataset(t.name), t));
-  for (const auto& t : state.optimizer.state) add(tensor_plan(format::optimizer_state_dataset(t.name), t));
+  for (size_t i = 0; i < opt.state.size(); ++i)
+    add(tensor_plan(format::optimizer_state_dataset(opt.state[i].name), opt.state[i], owners.empty() ? -1 : owners[i],
+                    rank));
   for (const auto& t : state.user) add(tensor_plan(format::user_dataset(t.name), t));
-  for (size_t g = 0; g < state.optimizer.groups.size(); ++g) {
-    const auto& names = state.optimizer.groups[g].params;
+  for (size_t g = 0; g < opt.groups.size(); ++g) {
+    const auto& names = opt.groups[g].params;
     if (names.empty()) continue;
     size_t len = 1;
     for (const auto& n : names) len = std::max(len, n.size());
@@ -179,10 +193,126 @@ void add_rng_datasets(Comm& comm, SavePlan& plan, const TrainState& state) {
 
 }  // namespace
 
+OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::vector<int>& owners) {
+  // Each rank describes its share in one text: group sizes and parameter names, then its state entries.
+  std::string mine = std::to_string(state.optimizer.groups.size()) + "\n";
+  for (size_t g = 0; g < state.optimizer.groups.size(); ++g)
+    for (const auto& n : state.optimizer.groups[g].params) mine += "G" + std::to_string(g) + " " + n + "\n";
+  for (const auto& t : state.optimizer.state) {
+    mine += "S" + std::string(dtype_name(t.dtype)) + " " + std::to_string(t.shape.size());
+    for (int64_t d : t.shape) mine += " " + std::to_string(d);
+    mine += " " + t.name + "\n";
+  }
+  const int world = comm.size();
+  uint64_t len = mine.size();
+  std::vector<uint64_t> lens(world);
+  comm.allgather(&len, lens.data(), 1, DType::kU64);
+  const uint64_t max_len = *std::max_element(lens.begin(), lens.end());
+  mine.resize(max_len, '\0');
+  std::string all(max_len * world, '\0');
+  if (max_len) comm.allgather(mine.data(), all.data(), max_len, DType::kU8);
+
+  // The model's order (registration order) orders the merged lists, as a replicated optimizer lists them.
+  std::map<std::string, size_t> model_index;
+  for (size_t i = 0; i < state.model.size(); ++i) model_index.emplace(state.model[i].name, i);
+  auto position = [&](const std::string& param) {
+    auto it = model_index.find(param);
+    return it == model_index.end() ? state.model.size() : it->second;
+  };
+  struct Entry {
+    TensorRef ref;
+    int rank;
+  };
+  std::vector<Entry> entries;
+  std::vector<std::vector<std::pair<std::string, int>>> groups;  // (name, rank)
+  std::string problems;
+  std::map<std::string, int> entry_rank;
+  size_t group_count = 0;
+  for (int r = 0; r < world; ++r) {
+    std::istringstream in(all.substr(r * max_len, lens[r]));
+    std::string line;
+    std::getline(in, line);
+    const size_t g_count = std::stoull(line);
+    if (r == 0) {
+      group_count = g_count;
+      groups.resize(g_count);
+    } else if (g_count != group_count) {
+      problems += "\n    rank " + std::to_string(r) + " has " + std::to_string(g_count) + " param groups, rank 0 has " +
+                  std::to_string(group_count);
+      continue;
+    }
+    while (std::getline(in, line)) {
+      std::istringstream f(line.substr(1));
+      if (line[0] == 'G') {
+        size_t g = 0;
+        std::string name;
+        f >> g;
+        f.get();
+        std::getline(f, name);
+        groups[g].emplace_back(name, r);
+        continue;
+      }
+      std::string dtype;
+      size_t dims = 0;
+      TensorRef t;
+      f >> dtype >> dims;
+      t.dtype = dtype_from_name(dtype);
+      t.shape.resize(dims);
+      for (auto& d : t.shape) f >> d;
+      f.get();
+      std::getline(f, t.name);
+      if (t.name.empty()) continue;
+      if (r == comm.rank())
+        for (const auto& own : state.optimizer.state)
+          if (own.name == t.name) t.data = own.data;
+      auto [it, fresh] = entry_rank.emplace(t.name, r);
+      if (!fresh) {
+        problems += "\n    " + t.name + " is held by ranks " + std::to_string(it->second) + " and " + std::to_string(r);
+        continue;
+      }
+      entries.push_back(Entry{std::move(t), r});
+    }
+  }
+  OptimizerState out;
+  out.type = state.optimizer.type;
+  out.sharded = true;
+  for (size_t g = 0; g < groups.size() && problems.empty(); ++g) {
+    auto& names = groups[g];
+    std::stable_sort(names.begin(), names.end(),
+                     [&](const auto& a, const auto& b) { return position(a.first) < position(b.first); });
+    ParamGroup pg;
+    pg.hyper = state.optimizer.groups[g].hyper;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (i > 0 && names[i].first == names[i - 1].first)
+        problems += "\n    parameter " + names[i].first + " is in the optimizer of ranks " +
+                    std::to_string(names[i - 1].second) + " and " + std::to_string(names[i].second);
+      pg.params.push_back(names[i].first);
+    }
+    out.groups.push_back(std::move(pg));
+  }
+  if (!problems.empty())
+    throw_agreed(DisagreementError("the ranks' optimizer shards do not partition the optimizer state; no file written:" +
+                                   problems));
+  auto param_of = [](const std::string& entry) { return entry.substr(0, entry.rfind('/')); };
+  std::stable_sort(entries.begin(), entries.end(), [&](const Entry& a, const Entry& b) {
+    return position(param_of(a.ref.name)) < position(param_of(b.ref.name));
+  });
+  owners.clear();
+  for (auto& e : entries) {
+    out.state.push_back(std::move(e.ref));
+    owners.push_back(e.rank);
+  }
+  return out;
+}
+
 SavePlan make_save_plan(Comm& comm, const TrainState& state) {
   SavePlan plan;
+  OptimizerState merged;
+  std::vector<int> owners;
+  if (state.optimizer.sharded) merged = merge_optimizer_shards(comm, state, owners);
+  const OptimizerState& opt = state.optimizer.sharded ? merged : state.optimizer;
   // Local part first (it may throw on a bad name); agree on its outcome before the collective part.
-  throw_if_any(comm, capture_error([&] { add_local_datasets(plan, state); }));
+  throw_if_any(comm, capture_error([&] { add_local_datasets(plan, state, opt, owners, comm.rank()); }));
   add_rng_datasets(comm, plan, state);
 
   std::string desc;
@@ -191,8 +321,8 @@ SavePlan make_save_plan(Comm& comm, const TrainState& state) {
     desc += d.path + "|" + (d.string_size ? "str" + std::to_string(d.string_size) : dtype_name(d.dtype)) + "|" +
             shape_string(d.shape) + "\n";
   }
-  desc += "optimizer=" + state.optimizer.type + "\n";
-  for (const auto& g : state.optimizer.groups)
+  desc += "optimizer=" + opt.type + "\n";
+  for (const auto& g : opt.groups)
     for (const auto& [k, v] : g.hyper) desc += "hyper " + k + "=" + hex_double(v) + "\n";
   desc += "scheduler=" + state.scheduler.type + "\n";
   for (const auto& [k, v] : state.scheduler.values) desc += "sched " + k + "=" + hex_double(v) + "\n";

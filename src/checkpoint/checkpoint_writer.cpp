@@ -53,7 +53,8 @@ void agree_on_plan(Comm& comm, const ckpt::SavePlan& plan) {
                           seen));
   }
   std::vector<uint64_t> lo, hi;
-  for (const auto& d : plan.datasets) lo.push_back(d.tensor ? ckpt::sample_hash(d.src, d.nbytes()) : d.checksum);
+  for (const auto& d : plan.datasets)
+    lo.push_back(d.owner >= 0 ? 0 : d.tensor ? ckpt::sample_hash(d.src, d.nbytes()) : d.checksum);  // shards: no replicas
   hi = lo;
   comm.allreduce(lo.data(), lo.size(), DType::kU64, ReduceOp::kMin);
   comm.allreduce(hi.data(), hi.size(), DType::kU64, ReduceOp::kMax);
@@ -72,9 +73,11 @@ constexpr int kEveryRank = -1;
 std::vector<int> checksum_owners(const ckpt::SavePlan& plan, const std::vector<ckpt::Segment>& segments,
                                  const std::vector<int>& pieces, bool verify_replicas) {
   std::vector<int> owner(plan.datasets.size(), kEveryRank);
-  if (verify_replicas) return owner;
-  for (const auto& s : segments)
-    if (plan.datasets[s.index].tensor && pieces[s.index] == 1) owner[s.index] = s.rank;
+  if (!verify_replicas)
+    for (const auto& s : segments)
+      if (plan.datasets[s.index].tensor && pieces[s.index] == 1) owner[s.index] = s.rank;
+  for (size_t i = 0; i < plan.datasets.size(); ++i)
+    if (plan.datasets[i].owner >= 0) owner[i] = plan.datasets[i].owner;  // a shard: only its rank has the bytes
   return owner;
 }
 

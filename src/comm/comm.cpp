@@ -41,6 +41,23 @@ void Comm::require_same(int64_t value, const std::string& what) {
   throw_agreed(DisagreementError("ranks disagree on " + what + ": " + seen));
 }
 
+std::unique_ptr<Work> Comm::reduce_scatter_async(void* buf, const std::vector<size_t>& counts, DType dtype,
+                                                 ReduceOp op) {
+  H5DDP_CHECK(counts.size() == static_cast<size_t>(size()), "reduce_scatter_async: counts must have one entry per rank");
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  return allreduce_async(buf, total, dtype, op);
+}
+
+void Comm::allgatherv(void* buf, const std::vector<size_t>& counts, DType dtype) {
+  H5DDP_CHECK(counts.size() == static_cast<size_t>(size()), "allgatherv: counts must have one entry per rank");
+  auto* p = static_cast<char*>(buf);
+  for (int r = 0; r < size(); ++r) {
+    if (counts[r] > 0) broadcast(p, counts[r], dtype, r);
+    p += counts[r] * dtype_size(dtype);
+  }
+}
+
 std::string Comm::broadcast_string(const std::string& s, int root) {
   uint64_t n = s.size();
   broadcast(&n, 1, DType::kU64, root);

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <functional>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -68,8 +70,9 @@ void sleepy_waitall(std::vector<MPI_Request>& reqs, std::chrono::microseconds in
 class MpiWork final : public Work {
  public:
   // sleep_interval > 0: wait() tests and sleeps this long between tests instead of MPI_Waitall's spin.
-  MpiWork(std::vector<MPI_Request> reqs, std::chrono::microseconds sleep_interval)
-      : reqs_(std::move(reqs)), sleep_(sleep_interval) {}
+  // on_done (may be empty) runs once, on the thread that sees the requests complete.
+  MpiWork(std::vector<MPI_Request> reqs, std::chrono::microseconds sleep_interval, std::function<void()> on_done = {})
+      : reqs_(std::move(reqs)), sleep_(sleep_interval), on_done_(std::move(on_done)) {}
   ~MpiWork() override {
     // A Work dropped without wait() still must complete: the buffer belongs to the caller.
     if (!done_) {
@@ -85,18 +88,21 @@ class MpiWork final : public Work {
       sleepy_waitall(reqs_, sleep_);
     else
       H5DDP_CHECK_MPI(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE));
+    if (on_done_) on_done_();
   }
   bool test() override {
     if (done_) return true;
     int flag = 0;
     H5DDP_CHECK_MPI(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE));
     done_ = flag != 0;
+    if (done_ && on_done_) on_done_();
     return done_;
   }
 
  private:
   std::vector<MPI_Request> reqs_;
   std::chrono::microseconds sleep_;
+  std::function<void()> on_done_;
   bool done_ = false;
 };
 
@@ -109,6 +115,8 @@ struct ThreadOp {
   DType dtype = DType::kU8;
   ReduceOp op = ReduceOp::kSum;
   std::vector<MPI_Request> reqs;
+  std::function<void(MPI_Comm)> run;  // kThread: the blocking operation, when it is not an allreduce of buf
+  std::function<void()> on_done;      // kProgress: runs once the requests completed, before complete()
   std::atomic<int>* waiters = nullptr;  // the worker polls without sleeping while someone waits
   std::mutex mutex;
   std::condition_variable cv;
@@ -227,7 +235,10 @@ class MpiComm::Worker {
         }
         std::exception_ptr error;
         try {
-          allreduce_chunked(comm_, op->buf, op->count, op->dtype, op->op, chunk_bytes_);
+          if (op->run)
+            op->run(comm_);
+          else
+            allreduce_chunked(comm_, op->buf, op->count, op->dtype, op->op, chunk_bytes_);
         } catch (...) {
           error = std::current_exception();
         }
@@ -246,6 +257,7 @@ class MpiComm::Worker {
           flag = 1;
         }
         if (flag) {
+          if (!error && active[i]->on_done) active[i]->on_done();
           active[i]->complete(error);
           active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
           progressed = true;
@@ -424,6 +436,64 @@ std::unique_ptr<Work> MpiComm::allreduce_async(void* buf, size_t count, DType dt
   }
   return std::make_unique<MpiWork>(iallreduce_chunked(async_comm_, buf, count, dtype, op, reduce_chunk_bytes_),
                                    sleep_while_waiting_ ? poll_interval_ : std::chrono::microseconds(0));
+}
+
+std::unique_ptr<Work> MpiComm::reduce_scatter_async(void* buf, const std::vector<size_t>& counts, DType dtype,
+                                                    ReduceOp op) {
+  H5DDP_CHECK(dtype != DType::kF16 && dtype != DType::kBF16, "MPI reduction of 16-bit floats is not supported");
+  H5DDP_CHECK(counts.size() == static_cast<size_t>(size_), "reduce_scatter_async: counts must have one entry per rank");
+  const size_t es = dtype_size(dtype);
+  auto icounts = std::make_shared<std::vector<int>>();
+  size_t offset = 0;
+  for (int r = 0; r < size_; ++r) {
+    H5DDP_CHECK(counts[r] <= kMaxChunk, "reduce_scatter_async: a segment of more than 2^30 elements");
+    icounts->push_back(static_cast<int>(counts[r]));
+    if (r < rank_) offset += counts[r];
+  }
+  // MPI_IN_PLACE would leave this rank's result at the start of buf: receive into a side buffer and copy it to
+  // this rank's segment on completion.
+  auto recv = std::make_shared<std::vector<char>>(counts[rank_] * es);
+  char* mine = static_cast<char*>(buf) + offset * es;
+  auto copy_back = [recv, mine] { std::memcpy(mine, recv->data(), recv->size()); };
+  auto start = [=](MPI_Comm c) {
+    MPI_Request r;
+    H5DDP_CHECK_MPI(
+        MPI_Ireduce_scatter(buf, recv->data(), icounts->data(), mpi_datatype(dtype), mpi_op(op), c, &r));
+    return std::vector<MPI_Request>{r};
+  };
+  if (async_mode_ != AsyncMode::kNonBlocking) {
+    if (!worker_) worker_ = std::make_unique<Worker>(async_comm_, sleep_while_waiting_, reduce_chunk_bytes_);
+    auto state = std::make_shared<ThreadOp>();
+    if (async_mode_ == AsyncMode::kProgress) {
+      state->reqs = start(async_comm_);
+      state->on_done = copy_back;
+    } else {
+      state->run = [=](MPI_Comm c) {
+        H5DDP_CHECK_MPI(
+            MPI_Reduce_scatter(buf, recv->data(), icounts->data(), mpi_datatype(dtype), mpi_op(op), c));
+        copy_back();
+      };
+    }
+    worker_->submit(state);
+    return std::make_unique<ThreadWork>(std::move(state));
+  }
+  return std::make_unique<MpiWork>(start(async_comm_),
+                                   sleep_while_waiting_ ? poll_interval_ : std::chrono::microseconds(0), copy_back);
+}
+
+void MpiComm::allgatherv(void* buf, const std::vector<size_t>& counts, DType dtype) {
+  H5DDP_CHECK(counts.size() == static_cast<size_t>(size_), "allgatherv: counts must have one entry per rank");
+  std::vector<int> icounts, displs;
+  size_t offset = 0;
+  for (int r = 0; r < size_; ++r) {
+    H5DDP_CHECK(counts[r] <= kMaxChunk && offset <= static_cast<size_t>(std::numeric_limits<int>::max()),
+                "allgatherv: more than 2^31 elements in one call");
+    icounts.push_back(static_cast<int>(counts[r]));
+    displs.push_back(static_cast<int>(offset));
+    offset += counts[r];
+  }
+  H5DDP_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, icounts.data(), displs.data(),
+                                 mpi_datatype(dtype), comm_));
 }
 
 void MpiComm::allgather(const void* send, void* recv, size_t count, DType dtype) {

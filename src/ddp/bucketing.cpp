@@ -52,4 +52,18 @@ std::vector<BucketSpec> assign_buckets(const std::vector<size_t>& nbytes, const 
   return out;
 }
 
+std::vector<int> assign_shards(const std::vector<size_t>& nbytes, int world) {
+  std::vector<size_t> order(nbytes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return nbytes[a] > nbytes[b]; });
+  std::vector<size_t> load(static_cast<size_t>(std::max(world, 1)), 0);
+  std::vector<int> owner(nbytes.size(), 0);
+  for (size_t i : order) {
+    const auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[i] = static_cast<int>(r);
+    load[r] += nbytes[i];
+  }
+  return owner;
+}
+
 }  // namespace h5ddp

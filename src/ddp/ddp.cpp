@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <sstream>
@@ -106,6 +107,9 @@ struct DistributedDataParallel::Bucket {
   torch::Tensor buffer;  // flat; the last bucket has one extra trailing element (see finish_backward)
   torch::Tensor wire;    // DdpOptions::reduce_bf16: the bfloat16 copy being reduced (undefined otherwise)
   int64_t grad_numel = 0;
+  std::vector<size_t> counts;  // shard_optimizer: elements of each rank's segment (params sorted by owner)
+  int64_t own_offset = 0;      // shard_optimizer: this rank's segment
+  int64_t own_count = 0;
   size_t pending = 0;  // parameters whose gradient is not ready yet in this step
   std::unique_ptr<Work> work;
   Comm* comm = nullptr;
@@ -164,7 +168,8 @@ void DistributedDataParallel::check_same_model() {
   entries.push_back("options first_bucket_bytes=" + std::to_string(options_.first_bucket_bytes) +
                     " bucket_cap_bytes=" + std::to_string(options_.bucket_cap_bytes) +
                     " broadcast_buffers=" + std::to_string(options_.broadcast_buffers) +
-                    " find_unused_parameters=" + std::to_string(options_.find_unused_parameters));
+                    " find_unused_parameters=" + std::to_string(options_.find_unused_parameters) +
+                    " shard_optimizer=" + std::to_string(options_.shard_optimizer));
   for (size_t i = 0; i < params_.size(); ++i) {
     std::ostringstream s;
     s << "parameter '" << param_names_[i] << "' " << dtype_name(to_dtype(params_[i].scalar_type()))
@@ -231,6 +236,13 @@ void DistributedDataParallel::build_buckets() {
     nbytes.push_back(p.nbytes());
   }
   buckets_ = assign_buckets(nbytes, group, options_.first_bucket_bytes, options_.bucket_cap_bytes);
+  if (options_.shard_optimizer) {
+    // Each bucket's parameters laid out by owner, so that every rank's share of the bucket is one segment.
+    owners_ = assign_shards(nbytes, comm_.size());
+    for (auto& spec : buckets_)
+      std::stable_sort(spec.params.begin(), spec.params.end(),
+                       [&](size_t a, size_t b) { return owners_[a] < owners_[b]; });
+  }
 
   param_bucket_.assign(params_.size(), 0);
   param_slot_.assign(params_.size(), torch::Tensor());
@@ -242,6 +254,12 @@ void DistributedDataParallel::build_buckets() {
     const bool last = b + 1 == buckets_.size();
     st->buffer = torch::zeros({st->grad_numel + (last ? 1 : 0)}, first.options().requires_grad(false));
     st->comm = &comm_for(first.device());
+    if (options_.shard_optimizer) {
+      st->counts.assign(comm_.size(), 0);
+      for (size_t i : buckets_[b].params) st->counts[owners_[i]] += params_[i].numel();
+      for (int r = 0; r < comm_.rank(); ++r) st->own_offset += static_cast<int64_t>(st->counts[r]);
+      st->own_count = static_cast<int64_t>(st->counts[comm_.rank()]);
+    }
     int64_t off = 0;
     for (size_t i : buckets_[b].params) {
       param_bucket_[i] = b;
@@ -328,6 +346,12 @@ void DistributedDataParallel::launch(size_t b, bool from_hook) {
   ++stats_.buckets_launched;
   if (from_hook) ++stats_.buckets_launched_in_backward;
   if (st.comm->size() == 1) return;  // nothing to average with; the bucket already holds the result
+  if (options_.shard_optimizer) {
+    st.work = st.comm->reduce_scatter_async(st.buffer.data_ptr(), st.counts, to_dtype(st.buffer.scalar_type()),
+                                            ReduceOp::kSum);
+    stats_.bytes_reduced += static_cast<size_t>(st.grad_numel) * st.buffer.element_size();
+    return;
+  }
   torch::Tensor& sent = options_.reduce_bf16 && st.buffer.is_cuda() && st.buffer.scalar_type() == torch::kFloat32
                             ? (st.wire = st.buffer.to(torch::kBFloat16))
                             : st.buffer;
@@ -391,13 +415,28 @@ void DistributedDataParallel::finish_backward() {
     }
   }
   if (used_work) used_work->wait();
+  // Sharded buckets carry only gradients: the unused-parameter count travels in its own small allreduce.
+  double total_unused = 0;
+  if (options_.shard_optimizer && !buckets_.empty()) {
+    total_unused = static_cast<double>(unused.size());
+    if (comm_.size() > 1) comm_.allreduce(&total_unused, 1, DType::kF64, ReduceOp::kSum);
+  }
   stats_.comm_wait_seconds += seconds_since(tw);
   armed_ = false;
   next_launch_ = 0;
 
   const double world = comm_.size();
-  if (world > 1)
+  if (world > 1 && options_.shard_optimizer) {
+    // This rank's segment holds the sum over ranks; the rest holds this rank's own gradients: zeroed, so that
+    // the next backward accumulates from zero and no stale gradient is mistaken for an average.
+    for (auto& st : bucket_state_) {
+      st->buffer.narrow(0, 0, st->own_offset).zero_();
+      st->buffer.narrow(0, st->own_offset, st->own_count).div_(world);
+      st->buffer.narrow(0, st->own_offset + st->own_count, st->grad_numel - st->own_offset - st->own_count).zero_();
+    }
+  } else if (world > 1) {
     for (auto& st : bucket_state_) st->buffer.narrow(0, 0, st->grad_numel).div_(world);
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     torch::Tensor& grad = params_[i].mutable_grad();
     if (used_map.defined() && used_map[static_cast<int64_t>(i)].item<int32_t>() == 0 && !grad.defined()) continue;
@@ -408,10 +447,40 @@ void DistributedDataParallel::finish_backward() {
   stats_.finish_seconds += seconds_since(t0);
   // Checked last, so that even after this error every .grad holds the step's average (usable state).
   if (!options_.find_unused_parameters && !buckets_.empty()) {
-    Bucket& last = *bucket_state_.back();
-    const double total_unused = last.buffer.narrow(0, last.grad_numel, 1).item<double>();
+    if (!options_.shard_optimizer) {
+      Bucket& last = *bucket_state_.back();
+      total_unused = last.buffer.narrow(0, last.grad_numel, 1).item<double>();
+    }
     if (total_unused > 0.5) raise_unused(unused);
   }
+}
+
+std::vector<torch::Tensor> DistributedDataParallel::owned_parameters() const {
+  if (!options_.shard_optimizer) return params_;
+  std::vector<torch::Tensor> out;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (owners_[i] == comm_.rank()) out.push_back(params_[i]);
+  return out;
+}
+
+void DistributedDataParallel::gather_parameters() {
+  H5DDP_CHECK(options_.shard_optimizer, "DDP: gather_parameters needs DdpOptions::shard_optimizer");
+  H5DDP_CHECK(!armed_ || next_launch_ == 0, "DDP: gather_parameters while gradient buckets are in flight");
+  const auto t0 = Clock::now();
+  torch::NoGradGuard no_grad;
+  const int rank = comm_.rank();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& st = *bucket_state_[b];
+    if (st.comm->size() > 1) {
+      for (size_t i : buckets_[b].params)
+        if (owners_[i] == rank) param_slot_[i].copy_(params_[i].detach());
+      st.comm->allgatherv(st.buffer.data_ptr(), st.counts, to_dtype(st.buffer.scalar_type()));
+      for (size_t i : buckets_[b].params)
+        if (owners_[i] != rank) params_[i].detach().copy_(param_slot_[i]);
+    }
+    st.buffer.zero_();
+  }
+  stats_.gather_seconds += seconds_since(t0);
 }
 
 void DistributedDataParallel::raise_unused(const std::vector<size_t>& unused_local) {

@@ -85,8 +85,8 @@ struct Snapshot {
 };
 
 struct Checkpointer::Impl {
-  Impl(torch::nn::Module& m, torch::optim::Optimizer& o)
-      : model(m), optimizer(o), type(optimizer_type_of(o)), binding(m, o, type) {}
+  Impl(torch::nn::Module& m, torch::optim::Optimizer& o, bool sharded)
+      : model(m), optimizer(o), type(optimizer_type_of(o)), binding(m, o, type, sharded) {}
 
   torch::nn::Module& model;
   torch::optim::Optimizer& optimizer;
@@ -179,7 +179,7 @@ struct Checkpointer::Impl {
 
 Checkpointer::Checkpointer(Comm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                            CheckpointerOptions options)
-    : comm_(comm), options_(std::move(options)), impl_(std::make_unique<Impl>(model, optimizer)) {
+    : comm_(comm), options_(std::move(options)), impl_(std::make_unique<Impl>(model, optimizer, options_.shard_optimizer)) {
   std::error_code ec;
   std::filesystem::create_directories(options_.run_dir, ec);
   comm_.raise_if_any(std::filesystem::is_directory(options_.run_dir)

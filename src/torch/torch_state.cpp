@@ -2,6 +2,7 @@
 
 #include <ATen/Context.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "h5ddp/ddp.hpp"
@@ -76,14 +77,14 @@ torch::Tensor* adam_tensor(torch::optim::OptimizerParamState& s, const std::stri
 }  // namespace
 
 TorchStateBinding::TorchStateBinding(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                                     std::string optimizer_type)
-    : model_(model), optimizer_(optimizer), type_(std::move(optimizer_type)) {
+                                     std::string optimizer_type, bool sharded)
+    : model_(model), optimizer_(optimizer), type_(std::move(optimizer_type)), sharded_(sharded) {
   if (type_ != "adam" && type_ != "adamw" && type_ != "sgd")
     throw ConfigError("unknown optimizer type '" + type_ + "'");
   for (auto& item : model_.named_parameters(true)) params_.emplace_back(item.key(), item.value());
   for (auto& item : model_.named_buffers(true)) buffers_.emplace_back(item.key(), item.value());
   for (const auto& g : optimizer_.param_groups())
-    for (const auto& p : g.params()) param_name(p);  // throws if the optimizer holds a foreign tensor
+    for (const auto& p : g.params()) held_.push_back(param_name(p));  // throws for a foreign tensor
 }
 
 std::vector<std::string> TorchStateBinding::tensor_names() const {
@@ -123,6 +124,7 @@ TensorRef TorchStateBinding::view(const std::string& name, torch::Tensor t) {
 
 void TorchStateBinding::export_optimizer(OptimizerState& out) {
   out.type = type_;
+  out.sharded = sharded_;
   out.groups.clear();
   out.state.clear();
   steps_.clear();
@@ -191,6 +193,7 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
   optimizer_.state().clear();
   state.optimizer.state.clear();
   state.optimizer.type = type_;
+  state.optimizer.sharded = sharded_;
   steps_.reserve(entries.size());
   // An entry that fits no parameter or no state of this optimizer gets no destination: load_checkpoint then
   // lists it with every other difference between the file and the model in one CheckpointMismatchError.
@@ -202,6 +205,8 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
     for (const auto& [n, t] : params_)
       if (n == pname) param = &t;
     if (!param || (key == "step" && type_ == "sgd")) continue;
+    // Sharded: another rank's parameter (load_checkpoint checks that some rank takes every entry).
+    if (sharded_ && std::find(held_.begin(), held_.end(), pname) == held_.end()) continue;
 
     auto& slot = optimizer_.state()[state_key(*param)];
     if (!slot) {

@@ -20,7 +20,10 @@ class TorchStateBinding {
  public:
   // `optimizer_type` is "adam", "adamw" or "sgd" and must match the optimizer's class. The model and
   // optimizer must outlive the binding; every optimizer parameter must be a parameter of the model.
-  TorchStateBinding(torch::nn::Module& model, torch::optim::Optimizer& optimizer, std::string optimizer_type);
+  // `sharded` (ZeRO-1): the optimizer holds only this rank's parameters; exported state is marked
+  // OptimizerState::sharded and an import allocates state only for the parameters the optimizer holds.
+  TorchStateBinding(torch::nn::Module& model, torch::optim::Optimizer& optimizer, std::string optimizer_type,
+                    bool sharded = false);
 
   // Local. Fills state.model, state.optimizer (type, groups, per-parameter state) and state.rng with
   // views of the current values. The views stay valid until the next optimizer step or import.
@@ -53,7 +56,9 @@ class TorchStateBinding {
   torch::nn::Module& model_;
   torch::optim::Optimizer& optimizer_;
   std::string type_;
+  bool sharded_ = false;
   std::vector<std::pair<std::string, torch::Tensor>> params_, buffers_;
+  std::vector<std::string> held_;  // sharded: names of the parameters the optimizer holds
   std::vector<Staged> staged_;
   std::vector<int64_t> steps_;            // Adam step counters (int64 in LibTorch) during save/load
   std::vector<std::string> step_params_;  // their parameter names

@@ -127,6 +127,10 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
   train.add_options()("grad-accum", po::value(&c.grad_accum)->default_value(c.grad_accum),
                       "micro-batches per optimizer step: each rank's share of the global batch is split in K, "
                       "gradients accumulate locally (DDP no_sync) and are reduced once");
+  train.add_options()("shard-optimizer", po::bool_switch(&c.shard_optimizer),
+                      "ZeRO-1: each rank keeps the optimizer state of its share of the parameters (whole "
+                      "tensors, balanced by bytes); gradients are reduce-scattered, updated parameters "
+                      "all-gathered. Checkpoints are the same file as without it and resume either way");
   train.add_options()("no-metrics", po::bool_switch(&no_metrics),
                       "do not append to RUN_DIR/metrics.jsonl (docs/METRICS.md)");
   po::options_description ckpt("Checkpoints");

@@ -40,6 +40,7 @@ struct TrainConfig {
   int keep_last = 3;
   int keep_every = 0;
   bool fsync = true;
+  bool shard_optimizer = false;        // ZeRO-1 (DdpOptions::shard_optimizer)
   bool verify_replicas = false;        // every rank hashes every tensor on save and all hashes must agree
   bool async_checkpoint = false;       // write checkpoints on a background thread (blocks only for a copy)
   std::string on_save_error = "stop";  // stop | continue: a failed periodic save ends training, or is

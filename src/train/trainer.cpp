@@ -224,6 +224,7 @@ CheckpointerOptions checkpointer_options(const TrainConfig& c) {
   o.async = c.async_checkpoint;
   o.fsync = c.fsync;
   o.verify_replicas = c.verify_replicas;
+  o.shard_optimizer = c.shard_optimizer;
   o.continue_on_save_error = c.on_save_error == "continue";
   return o;
 }
@@ -311,11 +312,13 @@ class Trainer {
     comm_.raise_if_any(err);
     select_device();
     check_data_fits_model();
-    optimizer_ = make_optimizer(config_, model_.module->parameters());  // after the move: state on the device
     DdpOptions ddp_options;
     ddp_options.device_comm = device_comm_.get();
     ddp_options.reduce_bf16 = compute_.bf16 && compute_.device.is_cuda();  // NCCL sums bf16; MPI cannot
+    ddp_options.shard_optimizer = config_.shard_optimizer;
     ddp_ = std::make_unique<DistributedDataParallel>(model_.module, comm_, ddp_options);
+    // After the move to the device (state there); sharded: over this rank's parameters only.
+    optimizer_ = make_optimizer(config_, config_.shard_optimizer ? ddp_->owned_parameters() : model_.module->parameters());
     ckpt_ = std::make_unique<Checkpointer>(comm_, *model_.module, *optimizer_, checkpointer_options(config_));
     seed_rank_rng(config_.seed, comm_.rank());
     if (root_) log::root_info("model: " + model_.description);
@@ -612,6 +615,7 @@ class Trainer {
     set_lr(*optimizer_, schedule_.lr_at(step));
     const double loss = forward_backward(sampler_->local_indices(data.epoch, data.position));
     optimizer_->step();
+    if (config_.shard_optimizer) ddp_->gather_parameters();
     optimizer_->zero_grad();
     const bool epoch_ended = sampler_->advance(data);  // the rest of the permutation that fills no batch is dropped
 

@@ -76,6 +76,66 @@ TEST_P(AsyncModes, UnsupportedDtypeThrowsBeforeCommunicating) {
   EXPECT_TRUE(comm->all_ok(true));
 }
 
+// Segments of different sizes (rank 0's empty when there are several ranks): after reduce_scatter_async rank r's
+// segment holds the sum over ranks, in flight beside an allreduce_async (start order kept); allgatherv then hands
+// every rank's segment to all ranks.
+void check_segments(Comm& comm) {
+  const int n = comm.size(), r = comm.rank();
+  std::vector<size_t> counts(n);
+  for (int k = 0; k < n; ++k) counts[k] = k == 0 && n > 1 ? 0 : 100 * k + 7;
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  std::vector<size_t> offset(n, 0);
+  for (int k = 1; k < n; ++k) offset[k] = offset[k - 1] + counts[k - 1];
+  std::vector<double> buf(total), other(33, r);
+  for (size_t i = 0; i < total; ++i) buf[i] = 0.5 * static_cast<double>(i) + r;
+  auto w1 = comm.allreduce_async(other.data(), other.size(), DType::kF64, ReduceOp::kSum);
+  auto w2 = comm.reduce_scatter_async(buf.data(), counts, DType::kF64, ReduceOp::kSum);
+  w2->wait();
+  w1->wait();
+  for (size_t i = offset[r]; i < offset[r] + counts[r]; ++i)
+    ASSERT_EQ(buf[i], n * 0.5 * static_cast<double>(i) + n * (n - 1) / 2.0) << i;
+  EXPECT_EQ(other[32], n * (n - 1) / 2.0);
+  std::vector<float> g(total, -1.0f);
+  for (size_t i = 0; i < counts[r]; ++i) g[offset[r] + i] = static_cast<float>(r + 1);
+  comm.allgatherv(g.data(), counts, DType::kF32);
+  for (int k = 0; k < n; ++k)
+    for (size_t i = 0; i < counts[k]; ++i) ASSERT_EQ(g[offset[k] + i], static_cast<float>(k + 1)) << k << " " << i;
+}
+
+TEST_P(AsyncModes, ReduceScatterAndAllgathervBySegment) {
+  auto comm = MpiComm::dup(MPI_COMM_WORLD);
+  comm->set_async_mode(GetParam());
+  check_segments(*comm);
+}
+
+// Comm's own reduce_scatter_async and allgatherv (what a backend without them, e.g. NcclComm, runs): a Comm that
+// forwards only the required operations to an MpiComm.
+class ForwardingComm final : public Comm {
+ public:
+  explicit ForwardingComm(Comm& c) : c_(c) {}
+  int rank() const override { return c_.rank(); }
+  int size() const override { return c_.size(); }
+  std::string backend() const override { return "forwarding"; }
+  void broadcast(void* buf, size_t count, DType dtype, int root) override { c_.broadcast(buf, count, dtype, root); }
+  void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override { c_.allreduce(buf, count, dtype, op); }
+  std::unique_ptr<Work> allreduce_async(void* buf, size_t count, DType dtype, ReduceOp op) override {
+    return c_.allreduce_async(buf, count, dtype, op);
+  }
+  void allgather(const void* send, void* recv, size_t count, DType dtype) override {
+    c_.allgather(send, recv, count, dtype);
+  }
+  void barrier() override { c_.barrier(); }
+
+ private:
+  Comm& c_;
+};
+
+TEST(CommDefaults, ReduceScatterAndAllgathervBySegment) {
+  auto comm = MpiComm::dup(MPI_COMM_WORLD);
+  ForwardingComm forwarding(*comm);
+  check_segments(forwarding);
+}
+
 INSTANTIATE_TEST_SUITE_P(Mpi, AsyncModes,
                          testing::Values(MpiComm::AsyncMode::kNonBlocking, MpiComm::AsyncMode::kThread,
                                          MpiComm::AsyncMode::kProgress),

@@ -101,5 +101,20 @@ TEST(Bucketing, DefaultsAndEdgeCases) {
   EXPECT_THROW(assign_buckets({1, 2}, {0}), std::exception);
 }
 
+// Whole tensors, largest first onto the least loaded rank (lowest on a tie): deterministic and balanced.
+TEST(Shards, LargestFirstOntoLeastLoadedRank) {
+  EXPECT_EQ(assign_shards({100, 10, 60, 50, 0}, 2), (std::vector<int>{0, 0, 1, 1, 0}));
+  EXPECT_EQ(assign_shards({4, 4, 4, 4}, 4), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(assign_shards({4, 4}, 3), (std::vector<int>{0, 1}));  // rank 2 owns nothing
+  EXPECT_EQ(assign_shards({7, 3, 9}, 1), (std::vector<int>{0, 0, 0}));
+  EXPECT_TRUE(assign_shards({}, 4).empty());
+  // 8 layers of a 4-rank MLP: every rank ends with the same bytes.
+  const std::vector<size_t> mlp = {4000, 40, 4000, 40, 4000, 40, 4000, 40};
+  std::vector<size_t> load(4, 0);
+  const auto owner = assign_shards(mlp, 4);
+  for (size_t i = 0; i < mlp.size(); ++i) load[owner[i]] += mlp[i];
+  EXPECT_EQ(*std::max_element(load.begin(), load.end()), *std::min_element(load.begin(), load.end()));
+}
+
 }  // namespace
 }  // namespace h5ddp

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -72,12 +73,14 @@ std::pair<torch::Tensor, torch::Tensor> full_batch(int step, int64_t rows, torch
 
 enum class Opt { kSgdMomentum, kAdam };
 
-std::unique_ptr<torch::optim::Optimizer> make_opt(torch::nn::Module& m, Opt o) {
+std::unique_ptr<torch::optim::Optimizer> make_opt(const std::vector<torch::Tensor>& params, Opt o) {
   if (o == Opt::kSgdMomentum)
-    return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  return std::make_unique<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(1e-2));
+    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+  return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
 }
 
+// With options.shard_optimizer the optimizer holds this rank's parameters only and gather_parameters()
+// follows each step (ZeRO-1); the result must still be the large-batch reference's.
 void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, double tol) {
   auto& comm = test::world();
   const int n = comm.size(), r = comm.rank();
@@ -87,8 +90,8 @@ void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, doubl
   DistributedDataParallel ddp(model.ptr(), comm, options);
   TinyNet ref(16, false, dtype);
   copy_params(*model, *ref);
-  auto opt = make_opt(*model, opt_kind);
-  auto ref_opt = make_opt(*ref, opt_kind);
+  auto opt = make_opt(ddp.owned_parameters(), opt_kind);
+  auto ref_opt = make_opt(ref->parameters(), opt_kind);
 
   for (int step = 0; step < 20; ++step) {
     auto [x, y] = full_batch(step, n * b, dtype);
@@ -97,6 +100,7 @@ void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, doubl
     loss.backward();
     ddp.finish_backward();
     opt->step();
+    if (options.shard_optimizer) ddp.gather_parameters();
     opt->zero_grad();
 
     torch::mse_loss(ref->forward(x), y).backward();
@@ -109,6 +113,20 @@ void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, doubl
   EXPECT_LT(diff, tol) << "after 20 steps, N=" << n;
   EXPECT_EQ(ddp.stats().steps, 20u);
   EXPECT_EQ(ddp.stats().buckets_launched, 20u * ddp.buckets().size());
+  if (options.shard_optimizer) {
+    // Each parameter's state on exactly one rank, and this rank's on its own parameters only.
+    int64_t held = static_cast<int64_t>(opt->state().size());
+    EXPECT_EQ(held, static_cast<int64_t>(ddp.owned_parameters().size()));
+    comm.allreduce(&held, 1, DType::kI64, ReduceOp::kSum);
+    EXPECT_EQ(held, static_cast<int64_t>(model->parameters().size()));
+    if (n > 1) EXPECT_LT(ddp.owned_parameters().size(), model->parameters().size());
+    for (const auto& p : model->parameters()) EXPECT_EQ(p.grad().abs().sum().item<double>(), 0.0);
+  }
+}
+
+DdpOptions sharded(DdpOptions o) {
+  o.shard_optimizer = true;
+  return o;
 }
 
 DdpOptions small_buckets() {
@@ -129,6 +147,31 @@ TEST(Ddp, SgdMomentumMatchesLargeBatchFloat64) {
 }
 TEST(Ddp, AdamMatchesLargeBatchFloat64) {
   run_equivalence(Opt::kAdam, small_buckets(), torch::kFloat64, 1e-6);
+}
+
+TEST(Ddp, ShardedAdamMatchesLargeBatch) {
+  run_equivalence(Opt::kAdam, sharded(small_buckets()), torch::kFloat32, 1e-5);
+}
+TEST(Ddp, ShardedSgdMomentumMatchesLargeBatchFloat64) {
+  run_equivalence(Opt::kSgdMomentum, sharded(DdpOptions{}), torch::kFloat64, 1e-6);
+}
+
+// Shards are whole parameters balanced by bytes, the same on every rank; owners lay out each bucket by rank.
+TEST(Ddp, ShardOwnersAreBalancedAndAgreed) {
+  auto& comm = test::world();
+  TinyNet model(64);
+  DistributedDataParallel ddp(model.ptr(), comm, sharded(small_buckets()));
+  const auto& owners = ddp.parameter_owners();
+  ASSERT_EQ(owners.size(), ddp.parameters().size());
+  uint64_t h = 0;
+  for (int o : owners) h = h * 31 + static_cast<uint64_t>(o);
+  EXPECT_TRUE(comm.agree(h));
+  for (const auto& spec : ddp.buckets())
+    EXPECT_TRUE(std::is_sorted(spec.params.begin(), spec.params.end(),
+                               [&](size_t a, size_t b) { return owners[a] < owners[b]; }));
+  std::vector<size_t> bytes;
+  for (const auto& p : ddp.parameters()) bytes.push_back(p.nbytes());
+  EXPECT_EQ(owners, assign_shards(bytes, comm.size()));
 }
 
 TEST(Ddp, BucketsLaunchDuringBackward) {
