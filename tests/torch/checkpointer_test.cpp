@@ -9,9 +9,11 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "corrupt_dataset.hpp"
 #include "h5/h5.hpp"
+#include "h5ddp/bucketing.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/stop_signal.hpp"
 #include "test_util.hpp"
@@ -30,14 +32,25 @@ struct Net : torch::nn::Module {
 
 // A model, an optimizer and a Checkpointer over them, trained a few steps with rank-dependent data (the
 // gradients are averaged by hand: this test is about checkpoints, not DDP).
+// With o.shard_optimizer the optimizer holds only this rank's parameters (assign_shards, as DDP's ZeRO-1 picks
+// them; `holds` overrides the choice) and each step ends by broadcasting every parameter from its owner.
 struct Trained {
-  explicit Trained(const std::string& dir, const std::string& opt = "adam", CheckpointerOptions o = {}) {
+  explicit Trained(const std::string& dir, const std::string& opt = "adam", CheckpointerOptions o = {},
+                   std::function<bool(size_t)> holds = {}) {
     torch::manual_seed(1);
     net = std::make_shared<Net>();
+    std::vector<size_t> bytes;
+    for (auto& p : net->parameters()) bytes.push_back(p.nbytes());
+    owners = assign_shards(bytes, test::world().size());
+    std::vector<torch::Tensor> params;
+    for (size_t i = 0; i < bytes.size(); ++i)
+      if (!o.shard_optimizer || (holds ? holds(i) : owners[i] == test::world().rank()))
+        params.push_back(net->parameters()[i]);
     if (opt == "sgd")
-      optimizer = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      optimizer = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
     else
-      optimizer = std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-2));
+      optimizer = std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
+    sharded = o.shard_optimizer;
     o.run_dir = dir;
     o.fsync = false;
     ckpt = std::make_unique<Checkpointer>(test::world(), *net, *optimizer, o);
@@ -57,7 +70,13 @@ struct Trained {
         p.grad().copy_(g / w.size());
       }
       optimizer->step();
-      optimizer->zero_grad();
+      net->zero_grad();  // every parameter's: a sharded optimizer's zero_grad() clears only its own
+      if (sharded) {
+        torch::NoGradGuard no_grad;
+        auto params = net->parameters();
+        for (size_t k = 0; k < params.size(); ++k)
+          w.broadcast(params[k].data_ptr<float>(), static_cast<size_t>(params[k].numel()), DType::kF32, owners[k]);
+      }
       ckpt->data().position += 8;
       ckpt->step_end(ckpt->step() + 1, loss.item<double>());
     }
@@ -73,6 +92,8 @@ struct Trained {
   std::shared_ptr<Net> net;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<Checkpointer> ckpt;
+  std::vector<int> owners;
+  bool sharded = false;
 };
 
 bool equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
@@ -250,6 +271,103 @@ TEST(Checkpointer, AsyncSavesAreCommittedByFinish) {
   EXPECT_EQ(s.ckpt->last_saved_step(), 5);
   EXPECT_FALSE(fs::exists(dir + "/ckpt-00000002.h5"));  // keep_last 2: 4 and 5 remain
   EXPECT_TRUE(fs::exists(dir + "/ckpt-00000004.h5"));
+}
+
+// Everything a file holds that training depends on, by checksum: model, optimizer state, parameter groups.
+std::string content(const std::string& path) {
+  const CheckpointManifest m = read_manifest(test::world(), path);
+  std::string out = m.optimizer_type + "\n";
+  for (const auto* list : {&m.model, &m.optimizer_state})
+    for (const auto& t : *list) out += t.name + " " + std::to_string(t.checksum) + "\n";
+  for (const auto& g : m.param_groups) {
+    for (const auto& n : g.params) out += "group " + n + "\n";
+    for (const auto& [k, v] : g.hyper) out += k + "=" + std::to_string(v) + "\n";
+  }
+  return out;
+}
+
+CheckpointerOptions shard_options() {
+  CheckpointerOptions o;
+  o.shard_optimizer = true;
+  return o;
+}
+
+// Issue 25: a sharded optimizer's checkpoint is the replicated run's file, byte for byte in every tensor, and
+// either kind resumes from either file into the same continuation.
+TEST(Checkpointer, ShardedOptimizerWritesTheReplicatedFileAndResumesEitherWay) {
+  const std::string rep = test::scratch_dir("ckptr-shard-rep"), sh = test::scratch_dir("ckptr-shard-sh");
+  {
+    Trained a(rep);
+    a.train(3);
+    a.ckpt->save();
+  }
+  size_t owned = 0;
+  {
+    Trained b(sh, "adam", shard_options());
+    b.train(3);
+    b.ckpt->save();
+    for (int o : b.owners) owned += o == test::world().rank();
+    EXPECT_EQ(b.optimizer->state().size(), owned);
+  }
+  const std::string f3 = "/ckpt-00000003.h5";
+  ASSERT_EQ(content(rep + f3), content(sh + f3));
+  EXPECT_TRUE(verify_checkpoint_collective(test::world(), sh + f3).empty());
+
+  std::vector<std::string> continued;
+  auto continue_from = [&](const std::string& file, bool sharded, const std::string& tag) {
+    const std::string dir = test::scratch_dir(tag);
+    Trained c(dir, "adam", sharded ? shard_options() : CheckpointerOptions{});
+    ASSERT_TRUE(c.ckpt->resume_from(file).resumed);
+    EXPECT_EQ(c.optimizer->state().size(), sharded ? owned : c.net->parameters().size());
+    c.train(2);
+    c.ckpt->save();
+    continued.push_back(content(dir + "/ckpt-00000005.h5"));
+  };
+  continue_from(rep + f3, false, "ckptr-shard-rr");
+  continue_from(rep + f3, true, "ckptr-shard-rs");
+  continue_from(sh + f3, false, "ckptr-shard-sr");
+  continue_from(sh + f3, true, "ckptr-shard-ss");
+  for (size_t i = 1; i < continued.size(); ++i) EXPECT_EQ(continued[i], continued[0]) << "continuation " << i;
+}
+
+// Two ranks claiming the same parameter's state: an agreed error before anything is written.
+TEST(Checkpointer, OverlappingOptimizerShardsAreAnErrorOnEveryRank) {
+  if (test::world().size() < 2) GTEST_SKIP() << "needs two ranks";
+  const std::string dir = test::scratch_dir("ckptr-shard-overlap");
+  const int rank = test::world().rank();
+  Trained s(dir, "adam", shard_options(), [&](size_t i) { return rank == 0 || i % 2 == 1; });
+  s.train(1);
+  try {
+    s.ckpt->save();
+    ADD_FAILURE() << "saved overlapping shards on rank " << rank;
+  } catch (const DisagreementError& e) {
+    EXPECT_NE(std::string(e.what()).find("is held by ranks 0 and 1"), std::string::npos) << e.what();
+  }
+  for (const auto& entry : fs::directory_iterator(dir))
+    EXPECT_EQ(entry.path().filename().string().rfind("ckpt-", 0), std::string::npos) << entry.path();
+}
+
+// Shards that leave part of a file's optimizer state without a rank: a mismatch naming it, nothing loaded.
+TEST(Checkpointer, ShardsThatLeaveStateUnloadedAreAMismatch) {
+  const std::string dir = test::scratch_dir("ckptr-shard-gap");
+  {
+    Trained s(dir);
+    s.train(1);
+    s.ckpt->save();
+  }
+  Trained r(test::scratch_dir("ckptr-shard-gap-new"), "adam", shard_options(),
+            [&](size_t i) { return i == 0 && test::world().rank() == 0; });
+  const auto before = r.weights();
+  try {
+    r.ckpt->resume_from(dir + "/ckpt-00000001.h5");
+    ADD_FAILURE() << "loaded a partial optimizer state";
+  } catch (const CheckpointMismatchError& e) {
+    EXPECT_NE(std::string(e.what()).find("not in the optimizer state of any rank: /optimizer/state/fc2.weight/exp_avg"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(equal(r.weights(), before));
+  EXPECT_TRUE(r.optimizer->state().empty());
 }
 
 }  // namespace

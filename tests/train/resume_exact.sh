@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Bitwise exact resume (issue 5): S steps uninterrupted == checkpoint at step K, SIGKILL of every rank,
 # resume, run to S; every model/optimizer tensor, counter and RNG row compared bit for bit.
-#   resume_exact.sh NP OPTIMIZER
+# With `shard` both runs use --shard-optimizer (ZeRO-1, issue 25): each rank saves and reloads only its shard.
+#   resume_exact.sh NP OPTIMIZER [shard]
 source "$(dirname "$0")/lib.sh"
-np=$1 opt=$2
+np=$1 opt=$2 mode=${3:-}
 S=12 K=5
 args=(--optimizer "$opt" --dropout 0.25 --max-steps $S --seed 11)
 [ "$opt" = sgd ] && args+=(--lr 0.05 --momentum 0.9)
+[ "$mode" = shard ] && args+=(--shard-optimizer)
 
 run_train "$np" "$WORK/a.log" "${args[@]}" --run-dir "$WORK/a" || { cat "$WORK/a.log"; fail "uninterrupted run failed"; }
 [ -f "$WORK/a/ckpt-00000012.h5" ] || fail "no final checkpoint of the uninterrupted run"
@@ -23,4 +25,4 @@ run_train "$np" "$WORK/b2.log" "${args[@]}" --run-dir "$WORK/b" --checkpoint-eve
 grep -q "resumed from .*ckpt-00000005.h5 at step 5" "$WORK/b2.log" ||
   { cat "$WORK/b2.log"; fail "did not resume from the step-5 checkpoint"; }
 compare "$WORK/a/ckpt-00000012.h5" "$WORK/b/ckpt-00000012.h5"
-echo "PASS: exact resume at $np ranks with $opt"
+echo "PASS: exact resume at $np ranks with $opt ${mode}"
