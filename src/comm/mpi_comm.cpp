@@ -450,15 +450,17 @@ std::unique_ptr<Work> MpiComm::reduce_scatter_async(void* buf, const std::vector
     icounts->push_back(static_cast<int>(counts[r]));
     if (r < rank_) offset += counts[r];
   }
-  // MPI_IN_PLACE would leave this rank's result at the start of buf: receive into a side buffer and copy it to
-  // this rank's segment on completion.
-  auto recv = std::make_shared<std::vector<char>>(counts[rank_] * es);
-  char* mine = static_cast<char*>(buf) + offset * es;
-  auto copy_back = [recv, mine] { std::memcpy(mine, recv->data(), recv->size()); };
+  // In place, MPI puts this rank's result at the start of buf (MPI 3.1, 5.10.1): moved to this rank's segment on
+  // completion. No side buffer: a bucket may be hundreds of MB.
+  char* base = static_cast<char*>(buf);
+  const size_t bytes = counts[rank_] * es;
+  auto copy_back = [base, offset, es, bytes] {
+    if (offset > 0 && bytes > 0) std::memmove(base + offset * es, base, bytes);
+  };
   auto start = [=](MPI_Comm c) {
     MPI_Request r;
     H5DDP_CHECK_MPI(
-        MPI_Ireduce_scatter(buf, recv->data(), icounts->data(), mpi_datatype(dtype), mpi_op(op), c, &r));
+        MPI_Ireduce_scatter(MPI_IN_PLACE, buf, icounts->data(), mpi_datatype(dtype), mpi_op(op), c, &r));
     return std::vector<MPI_Request>{r};
   };
   if (async_mode_ != AsyncMode::kNonBlocking) {
@@ -469,8 +471,7 @@ std::unique_ptr<Work> MpiComm::reduce_scatter_async(void* buf, const std::vector
       state->on_done = copy_back;
     } else {
       state->run = [=](MPI_Comm c) {
-        H5DDP_CHECK_MPI(
-            MPI_Reduce_scatter(buf, recv->data(), icounts->data(), mpi_datatype(dtype), mpi_op(op), c));
+        H5DDP_CHECK_MPI(MPI_Reduce_scatter(MPI_IN_PLACE, buf, icounts->data(), mpi_datatype(dtype), mpi_op(op), c));
         copy_back();
       };
     }

@@ -439,6 +439,7 @@ class Trainer {
   // like a run in an empty directory); a path: that file; none: fresh. --init-from: weights only.
   void resume_or_init() {
     ResumeInfo info;
+    const auto load_start = Clock::now();
     try {
       if (config_.resume == "auto")
         info = ckpt_->resume();
@@ -476,7 +477,10 @@ class Trainer {
     metrics_.truncate_after(info.resumed ? info.step : 0);
     JsonRecord start(info.resumed ? "resume" : "start");
     start.add("step", ckpt_->step()).add("world_size", comm_.size());
-    if (info.resumed) start.add("from", info.path).add("saved_world_size", info.saved_world_size);
+    if (info.resumed)
+      start.add("from", info.path)
+          .add("saved_world_size", info.saved_world_size)
+          .add("load_seconds", seconds_since(load_start));
     metrics_.write(start);
     if (config_.keep_best) load_best();
   }
