@@ -6,11 +6,14 @@ The state: docs/MODELS.md's Mlp with --hidden widths, Adam after one step (weigh
 ways are durable: h5ddp_torch.save with fsync (every rank fsyncs the file, rank 0 the directory and `latest`, as
 docs/FORMAT.md's protocol); torch.save to <dir>/folk.pt, then fsync of the file and of the directory. Both are timed
 from the first rank's entry to the last rank's exit (a barrier, then the max over ranks). The page cache is dropped
-before each save when the process may (root): echo 3 > /proc/sys/vm/drop_caches after a sync. Rank 0 prints one
-RESULT line per way with the median seconds and GB/s, and the ratio."""
+before each save when the process may (root): echo 3 > /proc/sys/vm/drop_caches after a sync. A third way is the
+disk's limit for the same bytes: rank 0 runs dd if=/dev/zero bs=16M conv=fsync of the same size (one stream, durable).
+The ways' order rotates from one repetition to the next. Rank 0 prints one RESULT line per way with the median seconds
+and GB/s, and the ratios."""
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -44,6 +47,13 @@ def folk_save(path, model, opt, rank):
         os.close(fd)
 
 
+def dd_save(path, nbytes, rank):
+    if rank == 0:
+        count = (nbytes + (16 << 20) - 1) >> 24
+        subprocess.run(["dd", "if=/dev/zero", "of=" + path, "bs=16M", f"count={count}", "conv=fsync"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def timed(fn):
     torch.distributed.barrier()
     t = time.perf_counter()
@@ -70,13 +80,16 @@ def main():
         sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
     run_dir = os.path.join(a.dir, "h5ddp")
     os.makedirs(run_dir, exist_ok=True)
-    times = {"h5ddp_torch": [], "torch.save": []}
+    ways = ["torch.save", "h5ddp_torch", "dd"]
+    times = {w: [] for w in ways}
     for i in range(a.repeat):
-        for way in ("torch.save", "h5ddp_torch"):  # alternate, so drift in the machine's load hits both
+        for way in ways[i % 3:] + ways[:i % 3]:  # rotate, so drift in the machine's load hits every way
             if rank == 0:
                 drop_caches()
             if way == "torch.save":
                 s = timed(lambda: folk_save(os.path.join(a.dir, "folk.pt"), model, opt, rank))
+            elif way == "dd":
+                s = timed(lambda: dd_save(os.path.join(a.dir, "dd.out"), nbytes, rank))
             else:
                 s = timed(lambda: h5ddp_torch.save(run_dir, model, opt, step=i + 1, keep_last=1, fsync=True))
             times[way].append(s)
@@ -86,6 +99,8 @@ def main():
             print(f"RESULT way={k} ranks={world} bytes={nbytes} median_s={med[k]:.3f} GBps={nbytes / med[k] / 1e9:.2f} "
                   f"runs={','.join(f'{x:.3f}' for x in v)}")
         print(f"RESULT speedup={med['torch.save'] / med['h5ddp_torch']:.2f} (torch.save time / h5ddp_torch time)")
+        print(f"RESULT of_dd={med['dd'] / med['h5ddp_torch']:.2f} (dd time / h5ddp_torch time) "
+              f"torch.save_of_dd={med['dd'] / med['torch.save']:.2f} (dd time / torch.save time)")
     torch.distributed.destroy_process_group()
 
 
