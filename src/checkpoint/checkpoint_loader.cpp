@@ -136,21 +136,37 @@ void exchange_shares(Comm& comm, const std::vector<DatasetPlan>& plan, const std
   }
 }
 
+// Whether page-cache reads go through a reused bounce buffer (H5DDP_LOAD_BOUNCE=0 turns it off; read once).
+// On VMs with a paravirtualised MMU the kernel's first write into a process's pages costs about 1.4 s per GiB,
+// even into pages the process has already touched, while a copy in user space costs about 0.2 s: reading each
+// piece into one reused buffer and copying it out was 3-7x faster for a first load there. On other hosts the
+// copy costs one memcpy of the bytes (docs/BENCHMARKS.md, "Load").
+bool bounce_reads() {
+  static const bool on = [] {
+    const char* e = std::getenv("H5DDP_LOAD_BOUNCE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
 // Reads all of `d` into d.dst in pieces of about ckpt::kLoadPieceBytes (fewer with H5DDP_MAX_TRANSFER_BYTES, which
-// tests lower) and returns the XXH3 of its bytes, each piece hashed right after it is read, while it is still
-// in the CPU cache: one pass over memory instead of two.
-uint64_t read_and_hash(hid_t ds, const DatasetPlan& d, hid_t dxpl) {
+// tests lower); with `hash`, each piece is hashed right after it is read, while it is still in the CPU cache (one
+// pass over memory instead of two). With a `bounce` buffer (bounce_reads()) each piece lands there first and is
+// copied to d.dst; a row larger than a piece goes straight to d.dst.
+void read_pieces(hid_t ds, const DatasetPlan& d, hid_t dxpl, ckpt::StreamHash* hash, std::vector<char>* bounce) {
   const size_t rb = d.row_bytes(), rows = d.rows();
   const size_t piece = std::min<uint64_t>(ckpt::kLoadPieceBytes, ckpt::max_transfer_bytes());
   const size_t per = std::max<size_t>(1, rb ? piece / rb : 1);
-  ckpt::StreamHash hash;
+  const bool via_bounce = bounce != nullptr && rb > 0 && rb <= piece;
+  if (via_bounce && bounce->size() < per * rb) bounce->resize(per * rb);
   for (size_t r = 0; r < rows; r += per) {
-    const size_t end = std::min(rows, r + per);
+    const size_t end = std::min(rows, r + per), n = (end - r) * rb;
     char* p = static_cast<char*>(d.dst) + r * rb;
-    ckpt::read_rows(ds, d, r, end, p, dxpl);
-    hash.update(p, (end - r) * rb);
+    char* into = via_bounce ? bounce->data() : p;
+    ckpt::read_rows(ds, d, r, end, into, dxpl);
+    if (hash) hash->update(into, n);
+    if (via_bounce) std::memcpy(p, into, n);
   }
-  return hash.digest();
 }
 
 // Datasets smaller than this go through H5Dread even with direct reads: they are a small part of the bytes,
@@ -187,7 +203,7 @@ bool use_direct_io(Comm& comm, LoadOptions::DirectIo mode) {
 
 // Reads the tensors with the chosen strategy; on return (without exception) every rank holds every byte, and
 // `hasher` holds the hash of every dataset with verify_here[i]: every-rank-reads hashes them while reading them
-// (read_and_hash, or as read_extents_direct hands over the pieces when `direct`; recorded), share + exchange
+// (read_pieces, or as read_extents_direct hands over the pieces when `direct`; recorded), share + exchange
 // submits each to the background thread once its bytes are in.
 void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, LoadStrategy strategy, bool direct,
                   const std::string& path, const std::vector<char>& verify_here, ckpt::BackgroundHasher& hasher) {
@@ -199,6 +215,7 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
     // through H5Dread.
     std::vector<ckpt::FileExtent> extents;
     std::vector<size_t> extent_slot;
+    std::vector<char> bounce;  // reused for every dataset of this load
     for (size_t i = 0; i < plan.size() && error.empty(); ++i) {
       const auto& d = plan[i];
       if (d.nbytes() > 0)
@@ -213,10 +230,10 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
                 return;
               }
             }
-            if (verify_here[i])
-              hasher.record(i, read_and_hash(ds, d, indep));
-            else
-              ckpt::read_rows(ds, d, 0, d.rows(), d.dst, indep);
+            std::optional<ckpt::StreamHash> hash;
+            if (verify_here[i]) hash.emplace();
+            read_pieces(ds, d, indep, hash ? &*hash : nullptr, bounce_reads() ? &bounce : nullptr);
+            if (hash) hasher.record(i, hash->digest());
           });
         });
       else if (verify_here[i])

@@ -5,7 +5,8 @@
 #   tools/bench/checkpoint_bench.sh [BUILD_DIR] [SCRATCH_DIR]
 #     env: REPS=3, CASES="0.45:2 0.45:4 1:1 1:2 1:4" (GiB:ranks), FSYNCS="1" (0 and/or 1), SETTLE=0 (seconds between
 #          eviction and each h5ddp/raw load), PY=/usr/bin/python3, H5DDP_BENCH_ENV (extra env for h5ddp, e.g. a
-#          setting under test)
+#          setting under test), VARIANTS="" (space-separated LABEL:VAR=VALUE: h5ddp runs again in every repetition
+#          with that environment, its methods tagged @LABEL, e.g. VARIANTS="nobounce:H5DDP_LOAD_BOUNCE=0")
 # Each repetition runs h5ddp-bench-checkpoint (h5ddp, raw MPI-IO, raw O_DIRECT) and tools/bench/torch_ckpt_peer.py
 # (torch.save/load, dd) once, the order alternating by repetition so that drift in the machine hits both.
 # Files are deleted after every measurement.
@@ -33,13 +34,20 @@ peer() {
   rm -rf "$scratch"
   "${mpi[@]}" -np "$np" "$py" "$here/torch_ckpt_peer.py" --gib "$gib" --dir "$scratch" --fsync "$fsync"
 }
+# h5 once per entry of VARIANTS, with its environment, methods tagged @LABEL.
+variants() {
+  for v in ${VARIANTS:-}; do
+    H5DDP_BENCH_ENV="${H5DDP_BENCH_ENV:-} ${v#*:}" h5 | sed "s/ method=\([a-z0-9_]*\)/ method=\1@${v%%:*}/"
+  done
+}
 df -h "$(dirname "$scratch")" >&2
 for c in $cases; do
   gib="${c%%:*}"; np="${c#*:}"
   for fsync in $fsyncs; do
     for ((rep = 0; rep < reps; rep++)); do
       echo "case ${gib} GiB, ${np} ranks, fsync=${fsync}, repetition $((rep + 1))/$reps" >&2
-      if ((rep % 2 == 0)); then h5; peer; else peer; h5; fi | tee -a "$results" | grep RESULT >&2 || true
+      if ((rep % 2 == 0)); then h5; variants; peer; else peer; variants; h5; fi | tee -a "$results" |
+        grep RESULT >&2 || true
       rm -rf "$scratch"
     done
   done

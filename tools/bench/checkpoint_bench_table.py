@@ -16,7 +16,7 @@ for line in open(sys.argv[1]):
     if not line.startswith("RESULT"):
         continue
     kv = dict(item.split("=", 1) for item in line.split()[1:])
-    method = kv["method"]
+    method, _, variant = kv["method"].partition("@")  # @LABEL: a VARIANTS run of checkpoint_bench.sh
     # h5ddp-bench-checkpoint loads with both strategies after each save, taking turns going first. The first
     # load of a process ran slower on these VMs whichever strategy it was, and a resume is a process's first
     # load (as torch_ckpt_peer.py's one torch.load per process is): the h5ddp columns use only the loads that
@@ -24,6 +24,8 @@ for line in open(sys.argv[1]):
     if kv["op"] == "load" and method.startswith("h5ddp_") and previous != "h5ddp":
         method += "_second"
     previous = method
+    if variant:
+        method += "@" + variant
     key = (float(kv["gib"]), int(kv["ranks"]), int(kv["fsync"]), kv["op"], method)
     times[key].append(float(kv["seconds"]))
     rss[key] = max(rss[key], float(kv["extra_rss_pct"]))
@@ -71,3 +73,16 @@ for c in cases:
     print(f"| {c[0]:.2f} | {c[1]} | {c[2]} | {fmt(ev)} | {fmt(se)} | {fmt(tl)} | {fmt(dd)} | **{ratio(tl, ev)}** | "
           f"**{ratio(dd, ev)}** | {fmt(ev2)} | {fmt(se2)} | {fmt(r)} | {fmt(rd)} | "
           f"{rss[c + ('load', 'torch_load')]:.0f}% |")
+labels = sorted({k[4].split("@")[1] for k in times if "@" in k[4]})
+if labels:
+    print("\n### Load variants (first load of each process, every rank reads; dd = cold read of the same bytes)\n")
+    print("| GiB | ranks | fsync | default | " + " | ".join(labels) + " | default / dd | " +
+          " | ".join(l + " / dd" for l in labels) + " | paired default vs " + ", ".join(labels) + " |")
+    print("|---|---|---|---|" + "---|" * (2 * len(labels) + 2))
+    for c in cases:
+        d, dd = med(c, "load", "h5ddp_every_rank_reads"), med(c, "load", "dd_cold_read")
+        vs = [med(c, "load", "h5ddp_every_rank_reads@" + l) for l in labels]
+        pairs = "; ".join(paired(c, "load", "h5ddp_every_rank_reads@" + l, "h5ddp_every_rank_reads") for l in labels)
+        print(f"| {c[0]:.2f} | {c[1]} | {c[2]} | {fmt(d)} | " + " | ".join(fmt(v) for v in vs) +
+              f" | **{ratio(dd, d)}** | " + " | ".join(ratio(dd, v) for v in vs) + f" | {pairs} |")
+
