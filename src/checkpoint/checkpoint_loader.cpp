@@ -65,8 +65,8 @@ std::string shard_coverage(Comm& comm, const std::vector<TensorRef>& refs, const
   for (size_t i = 0; i < found.size(); ++i) {
     const std::string path = std::string(format::kOptimizerStateGroup) + "/" + found[i].name;
     if (claimed[i] == 0)
-      out += "\n  not in the optimizer state of any rank: " + path + " (" + describe(found[i].dtype, found[i].shape) +
-             ")";
+      out +=
+          "\n  not in the optimizer state of any rank: " + path + " (" + describe(found[i].dtype, found[i].shape) + ")";
     else if (claimed[i] > 1)
       out += "\n  " + path + " would be loaded by " + std::to_string(claimed[i]) +
              " ranks (their optimizer shards overlap)";
@@ -364,8 +364,7 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
   const bool sharded = state.optimizer.sharded;
   std::string diff =
       compare_refs("model", format::kModelGroup, state.model, m.model) +
-      compare_refs("optimizer state", format::kOptimizerStateGroup, state.optimizer.state, m.optimizer_state,
-                   sharded) +
+      compare_refs("optimizer state", format::kOptimizerStateGroup, state.optimizer.state, m.optimizer_state, sharded) +
       compare_refs("user state", format::kUserGroup, state.user, m.user);
   if (sharded) diff += shard_coverage(comm, state.optimizer.state, m.optimizer_state);
   if (!diff.empty()) {

@@ -291,8 +291,8 @@ OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::
     out.groups.push_back(std::move(pg));
   }
   if (!problems.empty())
-    throw_agreed(DisagreementError("the ranks' optimizer shards do not partition the optimizer state; no file written:" +
-                                   problems));
+    throw_agreed(DisagreementError(
+        "the ranks' optimizer shards do not partition the optimizer state; no file written:" + problems));
   auto param_of = [](const std::string& entry) { return entry.substr(0, entry.rfind('/')); };
   std::stable_sort(entries.begin(), entries.end(), [&](const Entry& a, const Entry& b) {
     return position(param_of(a.ref.name)) < position(param_of(b.ref.name));

@@ -54,7 +54,9 @@ void agree_on_plan(Comm& comm, const ckpt::SavePlan& plan) {
   }
   std::vector<uint64_t> lo, hi;
   for (const auto& d : plan.datasets)
-    lo.push_back(d.owner >= 0 ? 0 : d.tensor ? ckpt::sample_hash(d.src, d.nbytes()) : d.checksum);  // shards: no replicas
+    lo.push_back(d.owner >= 0 ? 0
+                 : d.tensor   ? ckpt::sample_hash(d.src, d.nbytes())
+                              : d.checksum);  // shards: no replicas
   hi = lo;
   comm.allreduce(lo.data(), lo.size(), DType::kU64, ReduceOp::kMin);
   comm.allreduce(hi.data(), hi.size(), DType::kU64, ReduceOp::kMax);

@@ -43,7 +43,8 @@ void Comm::require_same(int64_t value, const std::string& what) {
 
 std::unique_ptr<Work> Comm::reduce_scatter_async(void* buf, const std::vector<size_t>& counts, DType dtype,
                                                  ReduceOp op) {
-  H5DDP_CHECK(counts.size() == static_cast<size_t>(size()), "reduce_scatter_async: counts must have one entry per rank");
+  H5DDP_CHECK(counts.size() == static_cast<size_t>(size()),
+              "reduce_scatter_async: counts must have one entry per rank");
   size_t total = 0;
   for (size_t c : counts) total += c;
   return allreduce_async(buf, total, dtype, op);

@@ -115,8 +115,8 @@ struct ThreadOp {
   DType dtype = DType::kU8;
   ReduceOp op = ReduceOp::kSum;
   std::vector<MPI_Request> reqs;
-  std::function<void(MPI_Comm)> run;  // kThread: the blocking operation, when it is not an allreduce of buf
-  std::function<void()> on_done;      // kProgress: runs once the requests completed, before complete()
+  std::function<void(MPI_Comm)> run;    // kThread: the blocking operation, when it is not an allreduce of buf
+  std::function<void()> on_done;        // kProgress: runs once the requests completed, before complete()
   std::atomic<int>* waiters = nullptr;  // the worker polls without sleeping while someone waits
   std::mutex mutex;
   std::condition_variable cv;
@@ -459,8 +459,7 @@ std::unique_ptr<Work> MpiComm::reduce_scatter_async(void* buf, const std::vector
   };
   auto start = [=](MPI_Comm c) {
     MPI_Request r;
-    H5DDP_CHECK_MPI(
-        MPI_Ireduce_scatter(MPI_IN_PLACE, buf, icounts->data(), mpi_datatype(dtype), mpi_op(op), c, &r));
+    H5DDP_CHECK_MPI(MPI_Ireduce_scatter(MPI_IN_PLACE, buf, icounts->data(), mpi_datatype(dtype), mpi_op(op), c, &r));
     return std::vector<MPI_Request>{r};
   };
   if (async_mode_ != AsyncMode::kNonBlocking) {

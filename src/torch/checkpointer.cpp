@@ -179,7 +179,9 @@ struct Checkpointer::Impl {
 
 Checkpointer::Checkpointer(Comm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                            CheckpointerOptions options)
-    : comm_(comm), options_(std::move(options)), impl_(std::make_unique<Impl>(model, optimizer, options_.shard_optimizer)) {
+    : comm_(comm),
+      options_(std::move(options)),
+      impl_(std::make_unique<Impl>(model, optimizer, options_.shard_optimizer)) {
   std::error_code ec;
   std::filesystem::create_directories(options_.run_dir, ec);
   comm_.raise_if_any(std::filesystem::is_directory(options_.run_dir)

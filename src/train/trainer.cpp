@@ -318,7 +318,8 @@ class Trainer {
     ddp_options.shard_optimizer = config_.shard_optimizer;
     ddp_ = std::make_unique<DistributedDataParallel>(model_.module, comm_, ddp_options);
     // After the move to the device (state there); sharded: over this rank's parameters only.
-    optimizer_ = make_optimizer(config_, config_.shard_optimizer ? ddp_->owned_parameters() : model_.module->parameters());
+    optimizer_ =
+        make_optimizer(config_, config_.shard_optimizer ? ddp_->owned_parameters() : model_.module->parameters());
     ckpt_ = std::make_unique<Checkpointer>(comm_, *model_.module, *optimizer_, checkpointer_options(config_));
     seed_rank_rng(config_.seed, comm_.rank());
     if (root_) log::root_info("model: " + model_.description);
