@@ -177,6 +177,10 @@ MPI_Comm mpi_comm_of(Comm& comm);
 // before_latest; on rank 0 only: latest_written (latest.tmp written and fsynced, not renamed), latest_renamed
 // (renamed, directory not fsynced), mid_retention (after each checkpoint retention removed).
 void maybe_inject_fault(const char* phase, int rank);
+// Whether H5DDP_FAULT_INJECT (armed as above) names `phase` and this rank. Besides the kills above:
+// load_flip, one bit of the first tensor flipped in this rank's copy as a load reads (page cache) or
+// receives (share + exchange) it, before it is verified: one node's copy gone wrong.
+bool fault_armed(const char* phase, int rank);
 
 // Opens a checkpoint for reading: collectively with MPI-IO (comm != nullptr) or by this process alone.
 // Throws CheckpointError for a missing, non-HDF5, non-h5ddp or unsupported-version file.

@@ -1,5 +1,5 @@
 // load_checkpoint: compare the file with the caller's refs, read (share + exchange, or every rank reads
-// everything), verify checksums (each dataset by one rank), fill the TrainState.
+// everything), verify checksums (every rank, of every byte it keeps), fill the TrainState.
 #include <mpi.h>
 
 #include <algorithm>
@@ -153,7 +153,8 @@ bool bounce_reads() {
 // tests lower); with `hash`, each piece is hashed right after it is read, while it is still in the CPU cache (one
 // pass over memory instead of two). With a `bounce` buffer (bounce_reads()) each piece lands there first and is
 // copied to d.dst; a row larger than a piece goes straight to d.dst.
-void read_pieces(hid_t ds, const DatasetPlan& d, hid_t dxpl, ckpt::StreamHash* hash, std::vector<char>* bounce) {
+void read_pieces(hid_t ds, const DatasetPlan& d, hid_t dxpl, ckpt::StreamHash* hash, std::vector<char>* bounce,
+                 bool flip_test_hook) {
   const size_t rb = d.row_bytes(), rows = d.rows();
   const size_t piece = std::min<uint64_t>(ckpt::kLoadPieceBytes, ckpt::max_transfer_bytes());
   const size_t per = std::max<size_t>(1, rb ? piece / rb : 1);
@@ -164,6 +165,7 @@ void read_pieces(hid_t ds, const DatasetPlan& d, hid_t dxpl, ckpt::StreamHash* h
     char* p = static_cast<char*>(d.dst) + r * rb;
     char* into = via_bounce ? bounce->data() : p;
     ckpt::read_rows(ds, d, r, end, into, dxpl);
+    if (flip_test_hook && r == 0 && n > 0) into[0] ^= 1;
     if (hash) hash->update(into, n);
     if (via_bounce) std::memcpy(p, into, n);
   }
@@ -215,7 +217,8 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
     // through H5Dread.
     std::vector<ckpt::FileExtent> extents;
     std::vector<size_t> extent_slot;
-    std::vector<char> bounce;  // reused for every dataset of this load
+    std::vector<char> bounce;                          // reused for every dataset of this load
+    bool flip = ckpt::fault_armed("load_flip", rank);  // test hook: this rank's copy of one tensor goes wrong
     for (size_t i = 0; i < plan.size() && error.empty(); ++i) {
       const auto& d = plan[i];
       if (d.nbytes() > 0)
@@ -232,7 +235,8 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
             }
             std::optional<ckpt::StreamHash> hash;
             if (verify_here[i]) hash.emplace();
-            read_pieces(ds, d, indep, hash ? &*hash : nullptr, bounce_reads() ? &bounce : nullptr);
+            read_pieces(ds, d, indep, hash ? &*hash : nullptr, bounce_reads() ? &bounce : nullptr, flip);
+            flip = false;
             if (hash) hasher.record(i, hash->digest());
           });
         });
@@ -300,6 +304,12 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
     exchange_shares(comm, plan, segments);
     log::debug("load: exchange done at " + since());
   }
+  if (ckpt::fault_armed("load_flip", rank))
+    for (auto& d : plan)
+      if (d.nbytes() > 0) {
+        static_cast<char*>(d.dst)[0] ^= 1;
+        break;
+      }
   for (size_t i = 0; i < plan.size(); ++i)
     if (verify_here[i]) hasher.submit(i, plan[i].dst, plan[i].nbytes());
 }
@@ -383,14 +393,13 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
     own.clear();
   }
   for (auto& d : load_plan(state.user, m.user, format::user_dataset)) plan.push_back(std::move(d));
-  // Each dataset's checksum is verified by one rank (shares balanced by bytes). When that rank reads the whole
-  // dataset itself (every-rank-reads) it hashes each piece as it reads it; otherwise (share + exchange) a
-  // background thread starts on the dataset as soon as its bytes are in, so verification overlaps the reads.
-  const auto owner = ckpt::assign_whole_datasets(plan, world);
+  // Every rank verifies the checksum of every dataset it keeps, over the bytes in its own memory: a copy that
+  // went wrong on one node (its reads, its page cache, the exchange) cannot pass because another rank's copy
+  // was right. Every-rank-reads hashes each piece as it is read, while it is still in the CPU cache; share +
+  // exchange hashes them on a background thread once the exchange is done.
   const bool verify = options.verify_checksums;
   ckpt::BackgroundHasher hasher(plan.size());
-  std::vector<char> verify_here(plan.size());
-  for (size_t i = 0; i < plan.size(); ++i) verify_here[i] = verify && owner[i] == rank;
+  const std::vector<char> verify_here(plan.size(), verify ? 1 : 0);
   const bool direct = options.strategy == LoadStrategy::kEveryRankReads && use_direct_io(comm, options.direct_io);
   read_tensors(comm, f, plan, options.strategy, direct, path, verify_here, hasher);
   // Sharded optimizer state: each rank reads (and verifies) exactly the datasets it owns, nothing else.
@@ -409,7 +418,10 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
   const std::vector<uint64_t> own_hashed = own_hasher.finish();
   for (size_t i = 0; i < own.size(); ++i)
     if (verify && own_hashed[i] != own[i].checksum) problems += "\n  checksum mismatch in dataset " + own[i].path;
-  if (!problems.empty()) problems = path + ": corrupt data (the file's bytes do not match their xxh3):" + problems;
+  if (!problems.empty())
+    problems = path + ": corrupt data on rank " + std::to_string(rank) + " (the bytes it read" +
+               (options.strategy == LoadStrategy::kShareExchange ? " or received" : "") +
+               " do not match the file's xxh3):" + problems;
   ckpt::throw_if_any(comm, problems);
   timer.mark("verify");
 

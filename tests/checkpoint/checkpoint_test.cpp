@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -229,6 +230,38 @@ TEST(Checkpoint, CorruptBytesRaiseChecksumErrorNamingTheDataset) {
   auto problems = verify_checkpoint_collective(world, path);
   ASSERT_EQ(problems.size(), 1u) << testing::PrintToString(problems);
   EXPECT_TRUE(contains(problems[0], "/model/big.weight")) << problems[0];
+  world.barrier();
+}
+
+// One rank's copy goes wrong (its reads or page cache on another node, or the exchange) while the file and every
+// other rank's copy are right: the load must fail on every rank, naming the rank, the dataset and the file.
+// Until 2026-12-05 each dataset was verified by one rank only and this passed silently whenever that rank was
+// not the damaged one. Run by ctest checkpoint_load_flip with H5DDP_FAULT_INJECT=load_flip:<last rank>.
+TEST(Checkpoint, OneRanksDamagedCopyFailsTheLoadEverywhere) {
+  const char* spec = std::getenv("H5DDP_FAULT_INJECT");
+  if (spec == nullptr || std::string(spec).rfind("load_flip:", 0) != 0)
+    GTEST_SKIP() << "needs H5DDP_TEST_HOOKS=1 H5DDP_FAULT_INJECT=load_flip:<rank> (ctest checkpoint_load_flip)";
+  auto& world = test::world();
+  const std::string damaged = std::string(spec).substr(std::strlen("load_flip:"));
+  const std::string dir = test::scratch_dir("load_flip");
+  OwnedState s(13, world.rank());
+  const std::string path = save_checkpoint(world, s.state, dir).path;
+  for (LoadStrategy strategy : {LoadStrategy::kShareExchange, LoadStrategy::kEveryRankReads}) {
+    OwnedState dst(13, world.rank(), false);
+    LoadOptions lo;
+    lo.strategy = strategy;
+    lo.direct_io = LoadOptions::DirectIo::kOff;  // the hook damages page-cache reads and received bytes
+    try {
+      load_checkpoint(world, path, dst.state, lo);
+      ADD_FAILURE() << "strategy " << static_cast<int>(strategy) << ": no error";
+    } catch (const CheckpointError& e) {
+      EXPECT_TRUE(contains(e.what(), "corrupt data on rank " + damaged)) << e.what();
+      EXPECT_TRUE(contains(e.what(), "checksum mismatch in dataset /model/")) << e.what();
+      EXPECT_TRUE(contains(e.what(), path)) << e.what();
+    }
+  }
+  // The file itself is intact: the collective verification finds nothing.
+  EXPECT_TRUE(verify_checkpoint_collective(world, path).empty());
   world.barrier();
 }
 
