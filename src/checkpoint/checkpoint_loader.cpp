@@ -199,8 +199,11 @@ bool use_direct_io(Comm& comm, LoadOptions::DirectIo mode) {
     MPI_Comm_size(host, &on_host);
     MPI_Comm_free(&host);
   }
-  if (const char* e = std::getenv("H5DDP_DIRECT_IO")) return std::string(e) != "0";
-  return on_host == 1;
+  const char* e = std::getenv("H5DDP_DIRECT_IO");
+  const bool on = e ? std::string(e) != "0" : on_host == 1;
+  log::debug(std::string("load: O_DIRECT ") + (on ? "on" : "off") + " (" + std::to_string(on_host) +
+             " rank(s) on this host" + (e ? ", H5DDP_DIRECT_IO set" : "") + ")");
+  return on;
 }
 
 // Reads the tensors with the chosen strategy; on return (without exception) every rank holds every byte, and
@@ -364,7 +367,7 @@ std::vector<RngState> read_rng(hid_t f, const CheckpointManifest& m, const std::
 }  // namespace
 
 void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, const LoadOptions& options) {
-  const int rank = comm.rank(), world = comm.size();
+  const int rank = comm.rank();
   ckpt::PhaseTimer timer;
   h5::Handle f = ckpt::open_checkpoint(&comm, path);
   CheckpointManifest m;

@@ -157,6 +157,10 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
       "verify-replicas", po::bool_switch(&c.verify_replicas),
       "on every save, every rank hashes every tensor in "
       "full and the hashes must agree (default: a sampled comparison; each tensor hashed by the rank writing it)")(
+      "load-strategy", po::value(&c.load_strategy)->default_value(c.load_strategy),
+      "every-rank-reads | share-exchange: how a resume reads the checkpoint: every rank reads every byte, or "
+      "each rank reads 1/N and the ranks exchange shares over MPI (fewer file-system reads: for a parallel "
+      "file system shared by many nodes); either way every rank verifies every byte it keeps")(
       "no-final-checkpoint", po::bool_switch(&no_final), "do not save when training ends")(
       "keep-best", po::bool_switch(&c.keep_best),
       "keep the checkpoint with the best test accuracy (needs --eval-every-steps or --eval-every-epoch; saved "
@@ -223,6 +227,8 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
     require(c.keep_every >= 0, "keep-every", c.keep_every, "must be >= 0");
     require(c.on_save_error == "stop" || c.on_save_error == "continue", "on-save-error", c.on_save_error,
             "must be stop | continue");
+    require(c.load_strategy == "every-rank-reads" || c.load_strategy == "share-exchange", "load-strategy",
+            c.load_strategy, "must be every-rank-reads | share-exchange");
     if (watchdog != "auto") {
       size_t used = 0;
       try {

@@ -40,11 +40,12 @@ struct TrainConfig {
   int keep_last = 3;
   int keep_every = 0;
   bool fsync = true;
-  bool shard_optimizer = false;        // ZeRO-1 (DdpOptions::shard_optimizer)
-  bool verify_replicas = false;        // every rank hashes every tensor on save and all hashes must agree
-  bool async_checkpoint = false;       // write checkpoints on a background thread (blocks only for a copy)
-  std::string on_save_error = "stop";  // stop | continue: a failed periodic save ends training, or is
-                                       // reported and retried at the next trigger (final saves always stop)
+  bool shard_optimizer = false;                    // ZeRO-1 (DdpOptions::shard_optimizer)
+  bool verify_replicas = false;                    // every rank hashes every tensor on save and all hashes must agree
+  std::string load_strategy = "every-rank-reads";  // every-rank-reads | share-exchange (LoadStrategy)
+  bool async_checkpoint = false;                   // write checkpoints on a background thread (blocks only for a copy)
+  std::string on_save_error = "stop";              // stop | continue: a failed periodic save ends training, or is
+                                                   // reported and retried at the next trigger (final saves always stop)
   // MPI_Abort (exit 70) with a message when a step or a save stalls: > 0 a step gets this many seconds and a
   // save 10 times as many; 0 off; kWatchdogAuto (the default) limits from measured step and save times.
   static constexpr double kWatchdogAuto = -1;

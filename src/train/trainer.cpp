@@ -225,6 +225,7 @@ CheckpointerOptions checkpointer_options(const TrainConfig& c) {
   o.fsync = c.fsync;
   o.verify_replicas = c.verify_replicas;
   o.shard_optimizer = c.shard_optimizer;
+  o.load.strategy = c.load_strategy == "share-exchange" ? LoadStrategy::kShareExchange : LoadStrategy::kEveryRankReads;
   o.continue_on_save_error = c.on_save_error == "continue";
   return o;
 }
