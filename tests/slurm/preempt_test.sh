@@ -10,6 +10,9 @@
 #   4. the job completes, and its final checkpoint equals, tensor by tensor, that of an uninterrupted
 #      `mpirun -np 2` run with the same options (h5ddp-ckpt diff; h5py when the tool is not built).
 # Every daemon is stopped by PID on exit, also on failure (local_slurm.sh stop in an EXIT trap).
+# With H5DDP_SLURM_NODES=2 (issue 22) the same runs on a two-node Slurm over network namespaces
+# (tests/cluster/cluster.sh): `sbatch --nodes=2 --ntasks-per-node=2`, each node with 2 CPUs, the reference is
+# `mpirun -np 4`; the cluster's namespaces are removed by PID at exit as well.
 #   usage: preempt_test.sh /path/to/h5ddp-train [/path/to/h5ddp-ckpt]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -40,9 +43,13 @@ chmod 755 "$work"
 cluster="$work/cluster"
 status=1
 ref_pid=""
+nodes=${H5DDP_SLURM_NODES:-1}
+[ "$nodes" = 1 ] || [ "$nodes" = 2 ] || { echo "FAIL: H5DDP_SLURM_NODES must be 1 or 2" >&2; exit 1; }
+ranks=$((2 * nodes))
 finish() {
   if [ -n "$ref_pid" ] && kill -0 "$ref_pid" 2>/dev/null; then kill -TERM "$ref_pid" 2>/dev/null || true; fi
   "$here/local_slurm.sh" stop "$cluster" || true
+  [ "$nodes" = 1 ] || "$here/../cluster/cluster.sh" stop "$work/nodes" || true
   keep_logs_on_failure
 }
 trap finish EXIT
@@ -51,7 +58,16 @@ trap finish EXIT
 . "$here/test_lib.sh"
 now() { date -u +%T; }
 
-"$here/local_slurm.sh" start "$cluster" 4 preempt
+if [ "$nodes" = 1 ]; then
+  "$here/local_slurm.sh" start "$cluster" 4 preempt
+else
+  "$here/../cluster/cluster.sh" start "$work/nodes" "$nodes"
+  H5DDP_CLUSTER_DIR="$work/nodes" "$here/local_slurm.sh" start "$cluster" 2 preempt
+  # slurmctld listens on node0 only: the clients run there.
+  for c in sbatch scontrol scancel squeue; do
+    eval "$c() { \"\$here/local_slurm.sh\" client \"\$cluster\" $c \"\$@\"; }"
+  done
+fi
 eval "$("$here/local_slurm.sh" env "$cluster")"
 
 job_field() { scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
@@ -89,9 +105,21 @@ wait_checkpoint_after() {
   exit 1
 }
 
+# ---- 0. (two nodes) discovery under srun --mpi=pmix: rank r on node r/2, local rank r%2 -------------------
+if [ "$nodes" = 2 ]; then
+  env_bin="$(dirname "$train")/h5ddp-env"
+  timeout 60 "$here/local_slurm.sh" client "$cluster" srun -N 2 -n 4 --mpi=pmix "$env_bin" >"$work/srun-env.out" 2>&1 || fail "srun -N 2 -n 4 exited $?"
+  for r in 0 1 2 3; do
+    want="rank=$r size=4 local_rank=$((r % 2)) local_size=2 nodes=2 host=node$((r / 2)) slurm_job_id=[0-9]+ \
+slurm_procid=$r slurm_localid=$((r % 2)) slurm_ntasks=4 "
+    grep -qE "^$want" "$work/srun-env.out" || fail "srun discovery, rank $r: no line '$want' in: $(cat "$work/srun-env.out")"
+  done
+  [ "$failures" -eq 0 ] && echo "ok: srun -N 2 -n 4 --mpi=pmix: rank, local rank, node count and host right on every rank"
+fi
+
 # ---- 1. submit -------------------------------------------------------------------------------------
 export H5DDP_TRAIN="$train" H5DDP_RUN_DIR="$job_run" H5DDP_TRAIN_ARGS="$train_args"
-jid=$(sbatch --parsable --chdir="$work" --job-name=h5ddp-preempt --nodes=1 --ntasks-per-node=2 \
+jid=$(sbatch --parsable --chdir="$work" --job-name=h5ddp-preempt --nodes="$nodes" --ntasks-per-node=2 \
   --output="$work/job-%j.out" "$source_dir/jobs/train.sbatch")
 job_out="$work/job-$jid.out"
 echo "$(now) submitted job $jid"
@@ -102,7 +130,7 @@ echo "$(now) checkpoint $(latest_step) committed; preempting job $jid: scancel -
 scancel --signal=USR1 --batch "$jid"
 
 # The uninterrupted reference runs while the job waits to be requeued (~8 s, cred_expire=5).
-env -u SLURM_CONF -u H5DDP_LOCAL_SLURM timeout 300 mpirun -np 2 --oversubscribe "$train" --run-dir "$ref_run" \
+env -u SLURM_CONF -u H5DDP_LOCAL_SLURM timeout 300 mpirun -np "$ranks" --oversubscribe "$train" --run-dir "$ref_run" \
   --resume auto $train_args >"$work/ref.out" 2>&1 &
 ref_pid=$!
 
@@ -142,6 +170,7 @@ echo "------------------"
 for n in 0 1 2; do
   grep -q "SLURM_RESTART_COUNT=$n " "$job_out" || fail "no run with SLURM_RESTART_COUNT=$n in the output"
 done
+[ "$(grep -c "nodes=$nodes ntasks=$ranks " "$job_out")" -eq 3 ] || fail "expected 3 runs on $nodes node(s) x 2 tasks"
 [ "$(grep -c "training step exited with 75" "$job_out")" -eq 2 ] || fail "expected 2 steps to exit with 75"
 [ "$(grep -c "requeueing job $jid" "$job_out")" -eq 2 ] || fail "expected the job script to requeue twice"
 grep -q "training step exited with 0" "$job_out" || fail "the last run did not complete"
@@ -189,7 +218,7 @@ fi
 
 if [ "$failures" -eq 0 ]; then
   status=0
-  echo "PASS: preempted by USR1 and by the scheduler, saved, requeued (SLURM_RESTART_COUNT=1, 2), resumed" \
+  echo "PASS: $nodes node(s) x 2 ranks: preempted by USR1 and by the scheduler, saved, requeued (SLURM_RESTART_COUNT=1, 2), resumed" \
     "at steps ${resumed[*]}, completed; final checkpoint equal to the uninterrupted run's"
 fi
 exit "$status"
