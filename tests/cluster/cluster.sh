@@ -13,7 +13,7 @@
 #   cluster.sh pids DIR NODE NAME    PIDs of the processes called NAME running inside NODE (one per line)
 #   cluster.sh stop DIR              kill every process left inside the nodes, then the holders, by PID
 #
-# Every namespace is held by one `sleep infinity` process whose PID is recorded; killing it (and whatever
+# Every namespace is held by one `sleep` process whose PID is recorded; killing it (and whatever
 # runs inside) destroys the namespace and its veth ends with it, so `stop` leaves nothing behind, and so
 # does a crashed caller once the holders are killed. Callers install `trap 'cluster.sh stop DIR' EXIT`
 # right after start; start itself stops what it started when it fails half way.
@@ -37,7 +37,10 @@ start_holder() {
   local name=$1
   # setsid: out of the caller's process group (a ^C of the caller must not kill the cluster half way);
   # unshare execs sleep, so $! is the process that holds the namespaces.
-  setsid unshare --net --uts sh -c "hostname '$name' && exec sleep infinity" </dev/null >/dev/null 2>&1 &
+  # A bounded sleep: if the caller is killed before its EXIT trap runs (a ctest timeout sends SIGKILL), the
+  # holders still end, and with them the namespaces, after H5DDP_CLUSTER_MAX_SECONDS (default 2 hours).
+  setsid unshare --net --uts sh -c "hostname '$name' && exec sleep ${H5DDP_CLUSTER_MAX_SECONDS:-7200}" \
+    </dev/null >/dev/null 2>&1 &
   local pid=$!
   # Wait until the holder has exec'd sleep (the hostname is set, the namespaces exist).
   for _ in $(seq 1 50); do
