@@ -25,16 +25,13 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 work=$(mktemp -d "${TMPDIR:-/tmp}/h5ddp-cluster-mpirun.XXXXXX")
 cluster="$work/cluster"
 status=1
+# shellcheck source=../slurm/test_lib.sh
+. "$here/../slurm/test_lib.sh"
 finish() {
   "$here/cluster.sh" stop "$cluster" || true
-  if [ "$status" -eq 0 ]; then rm -rf "$work"; else echo "logs kept in $work" >&2; fi
+  keep_logs_on_failure
 }
 trap finish EXIT
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
 
 "$here/cluster.sh" start "$cluster" 4
 # mpirun runs on node0; orted reaches the other nodes through cluster.sh's agent instead of ssh, and all
@@ -50,11 +47,6 @@ mpi() {
     -np "$np" --mca plm_rsh_agent "$cluster/rsh" --mca oob_tcp_if_include eth0 --mca btl_tcp_if_include eth0 "$@"
 }
 
-field() {
-  local w
-  for w in $1; do [[ $w == "$2="* ]] && { echo "${w#*=}"; return 0; }; done
-  return 0
-}
 # check_discovery OUT NP PER_NODE: rank r is on node r/PER_NODE with local rank r%PER_NODE.
 check_discovery() {
   local out=$1 np=$2 per=$3 r line before=$failures

@@ -17,18 +17,8 @@ fi
 env_bin=${1:?usage: $0 [--mpirun-only] /path/to/h5ddp-env}
 [ -x "$env_bin" ] || { echo "FAIL: $env_bin is not an executable" >&2; exit 1; }
 
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
-
-# field LINE KEY: the value of KEY=... in one h5ddp-env line.
-field() {
-  local w
-  for w in $1; do [[ $w == "$2="* ]] && { echo "${w#*=}"; return 0; }; done
-  return 0
-}
+# shellcheck source=test_lib.sh
+. "$here/test_lib.sh"
 
 # check_lines WHAT FILE NP MODE: NP lines, line i is rank i with local rank i on one node.
 # MODE "srun": SLURM_PROCID/LOCALID equal the MPI rank; "mpirun": inside a Slurm job, whatever its
