@@ -2,8 +2,13 @@
 
 #include <unistd.h>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "core/log.hpp"
 #include "h5ddp/error.hpp"
@@ -14,7 +19,35 @@
 
 namespace h5ddp {
 
+namespace {
+
+// glibc's malloc returns freed memory at the top of the heap to the kernel once more than 128 KiB is free
+// (M_TRIM_THRESHOLD), and serves blocks above its mmap threshold with a fresh mmap: a training step that
+// allocates and frees the same activations every step (LibTorch's CPU allocator is malloc) takes every page
+// back from the kernel, zero-filled, each step. The default CNN at 64 samples per rank took ~3,000 page
+// faults and a quarter of its CPU time in the kernel per step; with the heap kept, its step took about half
+// the time, the same for PyTorch given the same settings (docs/BENCHMARKS.md, "The allocator"). The cost:
+// up to kTrim of freed memory stays resident per process. Left alone when the user tuned malloc
+// (MALLOC_*_ variables) or set H5DDP_MALLOC_TUNE=0.
+void tune_malloc() {
+#ifdef __GLIBC__
+  const char* off = std::getenv("H5DDP_MALLOC_TUNE");
+  if (off && std::string(off) == "0") return;
+  for (const char* v : {"MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX"})
+    if (std::getenv(v)) return;
+  constexpr int kMmapThreshold = 32 << 20;  // glibc's largest (64-bit): bigger blocks are still mmapped
+  constexpr int kTrim = 512 << 20;
+  constexpr int kTopPad = 64 << 20;  // address space asked of the kernel per heap growth; untouched pages cost nothing
+  mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
+  mallopt(M_TRIM_THRESHOLD, kTrim);
+  mallopt(M_TOP_PAD, kTopPad);
+#endif
+}
+
+}  // namespace
+
 MpiEnv::MpiEnv(int* argc, char*** argv) {
+  tune_malloc();
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {

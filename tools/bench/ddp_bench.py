@@ -96,7 +96,9 @@ def main():
 
     t_ddp = time_steps(a.warmup, a.steps, ddp_step)
     if rank == 0:
-        print(f"RESULT impl=pytorch model={a.model} ranks={size} params={nparams} batch={a.batch} "
+        # Run with glibc's malloc tuned the way h5ddp's MpiEnv tunes it (ddp_bench.sh PY_MALLOC=1): its own row.
+        impl = "pytorch+malloc" if os.environ.get("MALLOC_TRIM_THRESHOLD_") else "pytorch"
+        print(f"RESULT impl={impl} model={a.model} ranks={size} params={nparams} batch={a.batch} "
               f"local_ms={1e3 * t_local:.3f} ddp_ms={1e3 * t_ddp:.3f}", flush=True)
     dist.destroy_process_group()
 

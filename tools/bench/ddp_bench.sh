@@ -8,6 +8,8 @@
 #                                                    WAITS="auto" (or "spin sleep": H5DDP_MPI_WAIT for each h5ddp run)
 #                                                    BIND=auto (mpirun --bind-to for both frameworks: auto = core,
 #                                                    with overload-allowed when ranks > cores; or none, socket, ...)
+#                                                    PY_MALLOC=0 (1: also run PyTorch with glibc malloc tuned as
+#                                                    h5ddp's MpiEnv tunes it, row "pytorch+malloc")
 #                                                    COMPETE=0 (that many single-threaded busy loops run beside
 #                                                    both frameworks for the whole run: the same competing load)
 set -euo pipefail
@@ -44,6 +46,12 @@ run_h5ddp() {
 run_pytorch() {
   port=$((port + 1))
   MASTER_PORT=$port timeout 900 "${mpirun[@]}" -x MASTER_PORT -np "$np" "$python" "$here/ddp_bench.py" $args 2>/dev/null | record
+  if [[ ${PY_MALLOC:-0} == 1 ]]; then
+    port=$((port + 1))
+    MASTER_PORT=$port MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=536870912 MALLOC_TOP_PAD_=67108864 \
+      timeout 900 "${mpirun[@]}" -x MASTER_PORT -x MALLOC_MMAP_THRESHOLD_ -x MALLOC_TRIM_THRESHOLD_ -x MALLOC_TOP_PAD_ \
+      -np "$np" "$python" "$here/ddp_bench.py" $args 2>/dev/null | record
+  fi
 }
 COMPETE=${COMPETE:-0}
 competitors=()
@@ -82,23 +90,29 @@ for line in open(sys.argv[1]):
     rows.setdefault((kv["model"], int(kv["ranks"])), {}).setdefault(impl, []).append(kv)
 med = lambda xs, k: statistics.median(float(x[k]) for x in xs)
 print(f"\n{'model':5} {'ranks':>5} {'impl':20} {'local ms':>9} {'ddp ms':>9} {'comm ms':>8} {'wait ms':>8} "
-      f"{'hidden':>6} {'ddp/local':>9} {'paired ratio':>12} {'best ratio':>10}")
+      f"{'hidden':>6} {'ddp/local':>9} {'paired ratio':>12} {'best ratio':>10} {'vs tuned':>8}")
 for (model, np), impls in sorted(rows.items()):
     py = impls.get("pytorch")
     py_by_rep = {x.get("rep"): float(x["ddp_ms"]) for x in py} if py else {}
+    tuned = impls.get("pytorch+malloc")  # PY_MALLOC=1: paired ratio against PyTorch with malloc tuned too
+    tuned_by_rep = {x.get("rep"): float(x["ddp_ms"]) for x in tuned} if tuned else {}
     for impl, xs in sorted(impls.items()):
         local, ddp = med(xs, "local_ms"), med(xs, "ddp_ms")
         comm = f"{med(xs, 'comm_ms'):8.1f}" if "comm_ms" in xs[0] else f"{'-':>8}"
         wait = f"{med(xs, 'wait_ms'):8.1f}" if "wait_ms" in xs[0] else f"{'-':>8}"
         hidden = f"{med(xs, 'hidden_wait'):6.2f}" if "hidden_wait" in xs[0] else f"{'-':>6}"
-        paired = best = ""
+        paired = best = vs_tuned = ""
+        if tuned and impl.startswith("h5ddp"):
+            pairs = [tuned_by_rep[x.get("rep")] / float(x["ddp_ms"]) for x in xs if x.get("rep") in tuned_by_rep]
+            vs_tuned = f"{statistics.median(pairs):.2f}" if pairs else "-"
         if py and impl != "pytorch":
             pairs = [py_by_rep[x.get("rep")] / float(x["ddp_ms"]) for x in xs if x.get("rep") in py_by_rep]
             paired = f"{statistics.median(pairs):.2f}" if pairs else "-"
             best = f"{min(float(x['ddp_ms']) for x in py) / min(float(x['ddp_ms']) for x in xs):.2f}"
         print(f"{model:5} {np:5d} {impl:20} {local:9.1f} {ddp:9.1f} {comm} {wait} {hidden} {ddp / local:9.2f} "
-              f"{paired:>12} {best:>10}")
+              f"{paired:>12} {best:>10} {vs_tuned:>8}")
 print("(times: medians of", max(len(v) for i in rows.values() for v in i.values()), "runs; comm = the bucket allreduces"
       " alone; wait = time finish_backward waited after backward; hidden = 1 - wait/comm; paired ratio = median"
-      " over repetitions of pytorch ddp ms / h5ddp ddp ms; best ratio = min pytorch ddp ms / min h5ddp ddp ms)")
+      " over repetitions of pytorch ddp ms / h5ddp ddp ms; best ratio = min pytorch ddp ms / min h5ddp ddp ms;"
+      " vs tuned = the paired ratio against pytorch+malloc)")
 PY
