@@ -7,15 +7,16 @@
 #   jobs/train-local.sh [h5ddp-train options...]          e.g. jobs/train-local.sh --epochs 3
 # Environment (all optional):
 #   H5DDP_NP          number of ranks                        default 2
-#   H5DDP_RUN_DIR     checkpoints and `latest`               default $PWD/runs/local
+#   H5DDP_RUN_DIR     checkpoints and `latest`               default $PWD/runs/default (h5ddp-train's own)
 #   H5DDP_TRAIN       the h5ddp-train binary                 default $PWD/build/tools/h5ddp-train
 #   H5DDP_TRAIN_ARGS  extra options (word-split), before this script's own arguments
-#   H5DDP_MPIRUN_ARGS extra mpirun options (word-split), e.g. "--oversubscribe" or "--bind-to none"
+#   H5DDP_MPIRUN_ARGS extra mpirun options (word-split), e.g. "--bind-to none"
+# As root it allows mpirun to run as root; with more ranks than cores it adds --oversubscribe.
 # Exit code: h5ddp-train's; 75 means "checkpoint saved after a stop signal, run again to resume".
 set -uo pipefail
 
 np=${H5DDP_NP:-2}
-run_dir=${H5DDP_RUN_DIR:-$PWD/runs/local}
+run_dir=${H5DDP_RUN_DIR:-$PWD/runs/default}
 train=${H5DDP_TRAIN:-$PWD/build/tools/h5ddp-train}
 if [ ! -x "$train" ]; then
   echo "train-local.sh: $train is not an executable: build first (tools/setup.sh) or set H5DDP_TRAIN" >&2
@@ -52,8 +53,29 @@ trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 trap 'forward INT' INT
 
+mpirun_args=()
+if [ "$np" -gt "$(nproc)" ]; then mpirun_args+=(--oversubscribe); fi
+
+# The line h5ddp-train prints to continue this run: this script as it was called, with the H5DDP_* settings
+# it was given, less --resume/--init-from (which would start over or go back to an older step).
+hint=()
+for v in H5DDP_NP H5DDP_RUN_DIR H5DDP_TRAIN H5DDP_TRAIN_ARGS H5DDP_MPIRUN_ARGS; do
+  if [ -n "${!v:-}" ]; then hint+=("$v=$(printf '%q' "${!v}")"); fi
+done
+hint+=("$(printf '%q' "$0")")
+skip=0
+for a in "$@"; do
+  if [ "$skip" -eq 1 ]; then skip=0; continue; fi
+  case "$a" in
+    --resume | --init-from) skip=1 ;;
+    --resume=* | --init-from=*) ;;
+    *) hint+=("$(printf '%q' "$a")") ;;
+  esac
+done
+export H5DDP_RESUME_HINT="${hint[*]}"
+
 # shellcheck disable=SC2086 # the *_ARGS variables are option lists meant to be word-split
-setsid mpirun -np "$np" ${H5DDP_MPIRUN_ARGS:-} "$train" --run-dir "$run_dir" --resume auto ${H5DDP_TRAIN_ARGS:-} "$@" &
+setsid mpirun -np "$np" "${mpirun_args[@]}" ${H5DDP_MPIRUN_ARGS:-} "$train" --run-dir "$run_dir" --resume auto ${H5DDP_TRAIN_ARGS:-} "$@" &
 launcher_pid=$!
 while true; do
   wait "$launcher_pid"

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Writes and checks HDF5 data sets in the layout h5ddp-train --data FILE.h5 reads (docs/DATA.md):
 /train/x [N, *S] uint8 or float32, /train/y [N] integer labels or float32 [N] / [N, K] targets, optional
 /test/x and /test/y alike, every dataset contiguous; mean/std attributes on x, num_classes on the root.

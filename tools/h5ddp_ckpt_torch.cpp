@@ -30,7 +30,8 @@ constexpr const char* kUsage =
     "  eval FILE [--data-dir DIR | --data FILE.h5] [--split t10k|test|train] [--first N] [--count N]\n"
     "       [--model cnn|mlp | --model-file MODEL.pt]\n"
     "        mean cross-entropy and accuracy (float targets: mean squared error) of the checkpoint's model on\n"
-    "        samples [first, first + count) of Fashion-MNIST or of an HDF5 data set (docs/DATA.md), in eval mode;\n"
+    "        samples [first, first + count) of Fashion-MNIST or of an HDF5 data set (docs/DATA.md), in eval mode\n"
+    "        (default: the whole split, as h5ddp-train's final evaluation);\n"
     "        a TorchScript model is the checkpoint's model_file unless --model-file names one\n";
 
 // Command line: positional arguments and --name value options (flags in `flags` take no value).
@@ -119,8 +120,9 @@ int run(const std::string& command, int argc, char** argv, h5ddp::Comm* comm, bo
     const size_t n = import_state_dict(*comm, o);
     if (root)
       std::printf(
-          "imported %zu tensors of %s into %s (step 0, model only)\nstart from it: h5ddp-train --init-from %s\n", n,
-          o.input.c_str(), o.output.c_str(), o.output.c_str());
+          "imported %zu tensors of %s into %s (step 0, model only)\nstart a fresh run from it (a run dir of its own): "
+          "h5ddp-train --init-from %s --run-dir runs/finetune\n",
+          n, o.input.c_str(), o.output.c_str(), o.output.c_str());
     return 0;
   }
   if (command == "eval") {
@@ -131,6 +133,7 @@ int run(const std::string& command, int argc, char** argv, h5ddp::Comm* comm, bo
     if (c.options.count("split")) o.split = c.options.at("split");
     if (c.options.count("first")) o.first = to_int("first", c.options.at("first"));
     if (c.options.count("count")) o.count = to_int("count", c.options.at("count"));
+    if (c.options.count("count") && o.count < 0) throw h5ddp::ConfigError("--count must be >= 0");
     if (c.options.count("model")) o.model = c.options.at("model");
     if (c.options.count("model-file")) o.model_file = c.options.at("model-file");
     if (c.options.count("data")) {

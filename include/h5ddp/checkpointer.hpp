@@ -40,7 +40,7 @@ struct CheckpointerOptions {
   std::string run_dir = "run";   // ckpt-<step>.h5 files and `latest`; created when missing
   int64_t every_steps = 0;       // save when step % every_steps == 0 (0: off)
   double every_seconds = 0;      // save when this long has passed since the last save on any rank (0: off)
-  int keep_last = 0;             // retention: the K newest files (0: all)
+  int keep_last = 3;             // retention: the K newest files (0: all), as h5ddp-train and h5ddp_torch
   int keep_every = 0;            // retention: also every file whose step is a multiple of M
   bool async = false;            // training blocks only while the state is copied into host buffers
   bool fsync = true;             // durable before `latest` moves (tests may turn it off)

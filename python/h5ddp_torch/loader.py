@@ -202,7 +202,7 @@ def resume(run_dir, model, optimizer=None, *, comm=None, rng=True):
         except CheckpointError as e:
             skipped.append(str(e))
             if comm.rank == 0:
-                _warn(f"skipping {path}: {e}")
+                _warn(f"skipping: {e}" if path in str(e) else f"skipping {path}: {e}")  # the file named once
             continue
         if skipped and comm.rank == 0:
             _warn(f"resuming from {path} instead ({len(skipped)} newer file(s) skipped)")

@@ -2,6 +2,10 @@
 
 #include <unistd.h>
 
+#include <csignal>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
@@ -44,10 +48,39 @@ void tune_malloc() {
 #endif
 }
 
+// A rank started by Open MPI's mpirun (or its orted on another node) dies with it. mpirun answers a second
+// Ctrl-C by exiting at once, without waiting for its ranks: they lived on, orphaned, and could commit a
+// checkpoint after the shell prompt was back, racing the next run (README "Stopping"). The kernel sends
+// SIGKILL to this process when the launcher exits; a half-written checkpoint is a `*.partial`, never read.
+// Ranks under srun (slurmstepd) or started by hand are left alone. H5DDP_DIE_WITH_LAUNCHER=0 turns it off.
+// Returns the launcher's name when armed, "" otherwise.
+std::string die_with_launcher() {
+#ifdef __linux__
+  const char* off = std::getenv("H5DDP_DIE_WITH_LAUNCHER");
+  if (off && std::string(off) == "0") return "";
+  const pid_t parent = ::getppid();
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(parent) + "/comm").c_str(), "r");
+  if (!f) return "";
+  char comm[64] = {0};
+  const bool read = std::fgets(comm, sizeof comm, f) != nullptr;
+  std::fclose(f);
+  const std::string name = read ? std::string(comm).substr(0, std::string(comm).find('\n')) : "";
+  if (name != "mpirun" && name != "mpiexec" && name != "orterun" && name != "orted" && name != "prterun" &&
+      name != "prted")
+    return "";
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::raise(SIGKILL);  // the launcher ended before the request took hold
+  return name + " (pid " + std::to_string(parent) + ")";
+#else
+  return "";
+#endif
+}
+
 }  // namespace
 
 MpiEnv::MpiEnv(int* argc, char*** argv) {
   tune_malloc();
+  const std::string launcher = die_with_launcher();
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -86,6 +119,7 @@ MpiEnv::MpiEnv(int* argc, char*** argv) {
   int leader = local_rank_ == 0 ? 1 : 0;
   H5DDP_CHECK_MPI(MPI_Allreduce(&leader, &num_nodes_, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
 
+  if (!launcher.empty()) log::debug("started by " + launcher + ": dies with it (PR_SET_PDEATHSIG SIGKILL)");
   if (thread_level_ < MPI_THREAD_MULTIPLE && rank_ == 0)
     log::warn("MPI granted thread level " + std::to_string(thread_level_) +
               " (< MPI_THREAD_MULTIPLE): asynchronous work runs on the calling thread");

@@ -41,6 +41,19 @@ std::string join_widths(const std::vector<int64_t>& w) {
   return s;
 }
 
+// A --config file's text with a bare option name ("no-eval", a flag as on the command line) read as
+// "no-eval = true", which is what Boost's config-file syntax needs.
+std::string flags_as_true(std::istream& in) {
+  std::string out, line;
+  while (std::getline(in, line)) {
+    const size_t first = line.find_first_not_of(" \t");
+    const bool bare =
+        first != std::string::npos && line[first] != '#' && line[first] != '[' && line.find('=') == std::string::npos;
+    out += line + (bare ? " = true\n" : "\n");
+  }
+  return out;
+}
+
 template <class T>
 void require(bool ok, const std::string& option, const T& value, const std::string& expected) {
   std::ostringstream os;
@@ -61,12 +74,12 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
   general.add_options()("help,h", "print this help and exit")(
       "config", po::value(&config_file),
       "read options from FILE (key = value lines, same names as the "
-      "long options); the command line wins")("data-dir", po::value(&c.data_dir)->default_value(c.data_dir),
-                                              "directory with the Fashion-MNIST "
-                                              "*-ubyte.gz files")(
-      "data", po::value(&c.data_file),
-      "train on an HDF5 data set (/train/x, /train/y, /test/x, /test/y; "
-      "docs/DATA.md) instead of Fashion-MNIST; each rank reads only its rows")(
+      "long options; a flag alone on its line, or flag = true); the command line wins")(
+      "data-dir", po::value(&c.data_dir)->default_value(c.data_dir),
+      "directory with the Fashion-MNIST "
+      "*-ubyte.gz files")("data", po::value(&c.data_file),
+                          "train on an HDF5 data set (/train/x, /train/y, /test/x, /test/y; "
+                          "docs/DATA.md) instead of Fashion-MNIST; each rank reads only its rows")(
       "run-dir", po::value(&c.run_dir)->default_value(c.run_dir), "directory for checkpoints (created if missing)")(
       "threads", po::value(&c.threads)->default_value(c.threads), "LibTorch intra-op threads per rank")(
       "device", po::value(&c.device)->default_value(c.device),
@@ -113,8 +126,8 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
                                         "output is a pseudo-terminal even when piped)")(
       "log-every", po::value(&c.log_every)->default_value(c.log_every),
       "progress line every N steps in lines mode "
-      "(0 = about 20 lines a run)")("no-eval", po::bool_switch(&no_eval),
-                                    "skip the evaluation on the test set at the end");
+      "(0 = auto: about 20 lines a run)")("no-eval", po::bool_switch(&no_eval),
+                                          "skip the evaluation on the test set at the end");
   train.add_options()("eval-every-steps", po::value(&c.eval_every_steps)->default_value(c.eval_every_steps),
                       "also evaluate on the test set every N steps during training, each rank a share (0 = off)");
   train.add_options()("eval-every-epoch", po::bool_switch(&c.eval_every_epoch),
@@ -167,8 +180,10 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
       "when an evaluation improves on it; RUN_DIR/best names it) beside the newest --keep-last")(
       "resume", po::value(&c.resume)->default_value(c.resume),
       "auto: newest valid checkpoint in --run-dir, "
-      "fresh start if none | none | PATH of a checkpoint")("init-from", po::value(&c.init_from),
-                                                           "initialise the model weights (only) from this checkpoint");
+      "fresh start if none | none | PATH of a checkpoint")(
+      "init-from", po::value(&c.init_from),
+      "start a fresh run from this checkpoint's weights (new optimizer, step 0); in a run dir that "
+      "already holds checkpoints only to continue the run started from this file (else an error)");
 
   const char* intro =
       "h5ddp-train: data-parallel training of LibTorch models on MPI, with parallel-HDF5 checkpoints.\n"
@@ -193,7 +208,8 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
       const std::string file = vm["config"].as<std::string>();
       std::ifstream in(file);
       if (!in) throw ConfigError("cannot read --config file " + file);
-      po::store(po::parse_config_file(in, all), vm);
+      std::istringstream text(flags_as_true(in));
+      po::store(po::parse_config_file(text, all), vm);
     }
     po::notify(vm);
     c.batch_size_set = !vm["batch-size"].defaulted();
@@ -246,6 +262,10 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
     require(c.lr_warmup_steps >= 0, "lr-warmup-steps", c.lr_warmup_steps, "must be >= 0");
     require(c.grad_accum >= 1, "grad-accum", c.grad_accum, "must be >= 1");
     require(!c.resume.empty(), "resume", c.resume, "must be auto, none or a checkpoint path");
+    require(c.init_from.empty() || c.resume == "auto" || c.resume == "none", "init-from", c.init_from,
+            "starts a fresh run from these weights; --resume " + c.resume +
+                " continues another checkpoint: "
+                "pass one of the two");
     require(c.progress == "auto" || c.progress == "tty" || c.progress == "lines", "progress", c.progress,
             "must be auto, tty or lines");
     out.config = c;

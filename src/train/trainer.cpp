@@ -40,6 +40,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// /meta key of a run started with --init-from: the file its weights came from (docs/METRICS.md).
+constexpr const char* kInitFromMeta = "init_from";
+
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -73,6 +76,25 @@ std::string shell_join(const std::vector<std::string>& args) {
   for (const auto& a : args) {
     const bool plain = !a.empty() && a.find_first_of(" \t\n'\"\\$`;&|<>()*?[]{}~!#") == std::string::npos;
     out += (out.empty() ? "" : " ") + (plain ? a : "'" + a + "'");
+  }
+  return out;
+}
+
+// `args` less each option in `names` with its value ("--name V" or "--name=V").
+std::vector<std::string> without_options(const std::vector<std::string>& args, const std::vector<std::string>& names) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    bool drop = false;
+    for (const auto& n : names) {
+      if (args[i] == n) {
+        drop = true;
+        ++i;  // its value
+      } else if (args[i].rfind(n + "=", 0) == 0) {
+        drop = true;
+      }
+      if (drop) break;
+    }
+    if (!drop) out.push_back(args[i]);
   }
   return out;
 }
@@ -456,10 +478,11 @@ class Trainer {
         if (root_ && holds.empty() && std::string(e.what()).find(p) != std::string::npos)
           holds = model_identity_difference(read_checkpoint_meta(p), model_);
       holds = comm_.broadcast_string(holds, 0);  // every rank, whatever rank 0 found
-      CheckpointMismatchError more(std::string(e.what()) + "\n  " +
-                                   (holds.empty() ? "this run's model: " + model_.description : holds) +
-                                   "; resume with the model that wrote the checkpoint (h5ddp-ckpt info FILE names "
-                                   "it in /meta) or train the new model in another --run-dir");
+      CheckpointMismatchError more(Error::Untagged{},
+                                   std::string(e.what()) + "\n  " +
+                                       (holds.empty() ? "this run's model: " + model_.description : holds) +
+                                       "; resume with the model that wrote the checkpoint (h5ddp-ckpt info FILE names "
+                                       "it in /meta) or train the new model in another --run-dir");
       if (!e.agreed()) throw more;
       throw_agreed(more);  // every rank raised it
     }
@@ -468,9 +491,11 @@ class Trainer {
     if (info.resumed) {
       const std::string other = model_identity_difference(info.meta, model_);
       comm_.raise_if_any(other.empty() ? "" : "cannot resume from " + info.path + ": " + other);
+      check_init_from(info);
       report_resume(info);
     } else if (!config_.init_from.empty()) {
       ckpt_->load_weights(config_.init_from);
+      ckpt_->set_meta(kInitFromMeta, config_.init_from);  // a requeued fine-tune resumes its own checkpoints
       if (root_) log::root_info("initialised the weights from " + config_.init_from);
     }
     check_batch(info);
@@ -485,6 +510,35 @@ class Trainer {
           .add("load_seconds", seconds_since(load_start));
     metrics_.write(start);
     if (config_.keep_best) load_best();
+  }
+
+  // Collective (the same verdict everywhere: every rank read the same /meta). --init-from starts a fresh run;
+  // in a run dir that already holds a checkpoint it applies only when that checkpoint's run was started from the
+  // same file (the fine-tune requeued). Anything else is refused, naming both files: resuming the run dir's
+  // checkpoint silently would "fine-tune" from the wrong weights.
+  void check_init_from(const ResumeInfo& info) {
+    const auto it = info.meta.find(kInitFromMeta);
+    const std::string started_from = it == info.meta.end() ? "" : it->second;
+    if (!started_from.empty()) ckpt_->set_meta(kInitFromMeta, started_from);  // provenance kept by later saves
+    if (config_.init_from.empty() || same_file(started_from, config_.init_from)) {
+      if (root_ && !config_.init_from.empty())
+        log::root_info("--init-from " + config_.init_from + ": " + info.path +
+                       " continues the run started from it; resuming that checkpoint");
+      return;
+    }
+    throw_agreed(ConfigError(
+        "--init-from " + config_.init_from + " starts a fresh run, but the run dir " + config_.run_dir +
+        " already holds checkpoints: --resume auto found " + info.path +
+        (started_from.empty() ? " (not started from an --init-from file)" : " (started from " + started_from + ")") +
+        ". Give the fine-tune its own --run-dir, or pass --resume none to start over in this one from " +
+        config_.init_from));
+  }
+
+  static bool same_file(const std::string& a, const std::string& b) {
+    if (a.empty() || b.empty()) return false;
+    std::error_code ec;
+    const bool same = std::filesystem::equivalent(a, b, ec);
+    return ec ? a == b : same;
   }
 
   // Collective. --keep-best: RUN_DIR/best ("<file> <accuracy>") from an earlier run, kept by retention.
@@ -518,7 +572,7 @@ class Trainer {
     result_.resumed_from = info.path;
     if (root_)
       log::root_info("resumed from " + info.path + " at step " + std::to_string(info.step) + ", epoch " +
-                     std::to_string(data.epoch) + ", sample " + std::to_string(data.position) + " (saved at " +
+                     std::to_string(data.epoch + 1) + ", sample " + std::to_string(data.position) + " (saved at " +
                      std::to_string(info.saved_world_size) + " ranks, now " + std::to_string(comm_.size()) +
                      (info.rng_exact ? "" : "; ranks beyond the saved world size got derived RNG streams") + ")");
   }
@@ -602,12 +656,25 @@ class Trainer {
     progress_->start(ckpt_->step());
     t_start_ = interval_start_ = Clock::now();
     model_.module->train();
+    if (done() && info_.resumed && root_) say_nothing_to_train();
     while (!done())
       if (!step()) break;
     result_.train_seconds = seconds_since(t_start_);
     result_.step = ckpt_->step();
     result_.epoch = ckpt_->data().epoch;
     result_.last_checkpoint = ckpt_->last_checkpoint();
+  }
+
+  // Rank 0. A resume whose checkpoint already reached --max-steps or --epochs ends at once: say so, not only
+  // "trained to step N in 0.0 s".
+  void say_nothing_to_train() const {
+    const DataState& data = ckpt_->data();
+    const bool by_steps = config_.max_steps > 0 && ckpt_->step() >= config_.max_steps;
+    log::root_info(
+        "note: nothing to train: " + info_.path + " is at step " + std::to_string(ckpt_->step()) + " (" +
+        std::to_string(data.epoch) + " epochs complete), already at " +
+        (by_steps ? "--max-steps " + std::to_string(config_.max_steps) : "--epochs " + std::to_string(config_.epochs)) +
+        "; raise --epochs/--max-steps to train further (or start over with --resume none)");
   }
 
   // Collective. One optimizer step, then the Checkpointer's agreement, evaluation and saves. False: a stop
@@ -696,6 +763,17 @@ class Trainer {
                        .add("epoch", ckpt_->data().epoch)
                        .add("accuracy", r.accuracy)
                        .add("loss", r.loss));
+    if (root_) {  // also on the console: the metrics log is not the only place an evaluation shows
+      progress_->end_line();
+      if (r.accuracy >= 0)
+        std::printf("eval at step %lld: test accuracy %.2f%%, loss %.4f on %lld samples\n",
+                    static_cast<long long>(ckpt_->step()), 100.0 * r.accuracy, r.loss,
+                    static_cast<long long>(test_set_->size()));
+      else
+        std::printf("eval at step %lld: test loss (mean squared error) %.6g on %lld samples\n",
+                    static_cast<long long>(ckpt_->step()), r.loss, static_cast<long long>(test_set_->size()));
+      std::fflush(stdout);
+    }
     return r;
   }
 
@@ -822,16 +900,32 @@ class Trainer {
     std::fflush(stdout);
   }
 
+  // The command that continues this run: the launch script's own line when one set H5DDP_RESUME_HINT
+  // (jobs/train-local.sh), else mpirun with what this machine needs (root, more ranks than cores) and this
+  // run's options less --resume/--init-from, which would start over or go back to an older step.
   void print_next_commands(const std::string& ckpt) const {
     const auto& argv = config_.command_line;
     std::vector<std::string> command{argv.empty() ? std::string("h5ddp-train") : argv[0]};
-    if (!argv.empty()) command.insert(command.end(), argv.begin() + 1, argv.end());
+    if (!argv.empty()) {
+      const std::vector<std::string> kept =
+          without_options(std::vector<std::string>(argv.begin() + 1, argv.end()), {"--resume", "--init-from"});
+      command.insert(command.end(), kept.begin(), kept.end());
+    }
     const std::string dir = std::filesystem::path(command[0]).parent_path().string();
+    std::string launch;
+    if (const char* hint = std::getenv("H5DDP_RESUME_HINT"); hint && *hint) {
+      launch = hint;
+    } else {
+      std::vector<std::string> mpirun{"mpirun", "-np", std::to_string(comm_.size())};
+      if (::geteuid() == 0) mpirun.push_back("--allow-run-as-root");
+      if (config_.local_size > static_cast<int>(std::thread::hardware_concurrency()))
+        mpirun.push_back("--oversubscribe");
+      mpirun.insert(mpirun.end(), command.begin(), command.end());
+      launch = shell_join(mpirun);
+    }
     std::printf("checkpoint: %s\n", ckpt.c_str());
-    std::printf(
-        "resume (newest checkpoint of the run dir; raise --epochs/--max-steps to train further):\n"
-        "  mpirun -np %d %s\n",
-        comm_.size(), shell_join(command).c_str());
+    std::printf("resume (newest checkpoint of the run dir; raise --epochs/--max-steps to train further):\n  %s\n",
+                launch.c_str());
     std::printf("inspect:\n  %s info %s\n", shell_join({(dir.empty() ? "" : dir + "/") + "h5ddp-ckpt"}).c_str(),
                 shell_join({ckpt}).c_str());
   }

@@ -10,6 +10,7 @@ Argument: rank count of the h5ddp-train cases."""
 import gzip
 import hashlib
 import os
+import re
 import shutil
 import struct
 import sys
@@ -63,6 +64,8 @@ def expect_error(cmd, np, rc, names, phrase, protect=(), extra_env=None):
     lines = [ln for ln in r.text.splitlines() if names in ln and phrase in ln]
     fl.check(len(lines) == 1, f"expected one line naming '{names}' and saying '{phrase}', found {len(lines)}: {r}")
     fl.check(r.text.count(phrase) == 1, f"'{phrase}' printed {r.text.count(phrase)} times: {r}")
+    tags = re.findall(r"\[[^\]\s]+ rank \d+/\d+\]", lines[0])
+    fl.check(len(tags) <= 1, f"the error line names its host and rank {len(tags)} times: {lines[0]}")
     fl.check(snapshot(protect) == before, f"files changed in {protect}")
     fl.check("step 1/" not in r.text, f"training started: {r}")
     r.line = lines[0].strip()[:160]

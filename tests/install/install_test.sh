@@ -3,7 +3,7 @@
 #   consumer     the MPI layer alone;
 #   own_loop     tools/examples/own_loop.cpp (DDP + Checkpointer), SIGKILLed and resumed: bitwise equal to an
 #                uninterrupted run (tests/examples/own_loop_resume.sh);
-#   readme_loop  README "Use h5ddp in your own training loop", the snippet as written: 150 steps, then 300
+#   README       "Use h5ddp in your own training loop": its CMakeLists.txt and snippet as written: 150 steps, then 300
 #                resuming (the step-100 file deleted in between must not come back), bitwise equal to 300 at once.
 set -euo pipefail
 bin="${H5DDP_BINARY_DIR:?}"; src="${H5DDP_SOURCE_DIR:?}"
@@ -12,20 +12,32 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 cmake --install "$bin" --prefix "$tmp/prefix" >/dev/null
 test -f "$tmp/prefix/include/h5ddp/checkpointer.hpp"
-# The README's snippet: the one cpp block of its "## Use h5ddp in your own training loop" section.
-"$PY" - "$src/README.md" "$tmp/readme_snippet.inc" <<'PYEOF'
+# The README's project: the one cpp block and the one cmake block of its "## Use h5ddp in your own training
+# loop" section, as written: the CMakeLists.txt verbatim, train.cpp = readme_main.cpp with the snippet in it.
+mkdir -p "$tmp/readme_project"
+"$PY" - "$src/README.md" "$src/tests/install/consumer/readme_main.cpp" "$tmp/readme_project" <<'PYEOF'
 import re, sys
 text = open(sys.argv[1]).read()
 m = re.search(r"^## Use h5ddp in your own training loop\n(.*?)(?=^## )", text, re.S | re.M)
 assert m, "README.md has no '## Use h5ddp in your own training loop' section"
-blocks = re.findall(r"```cpp\n(.*?)```", m.group(1), re.S)
-assert len(blocks) == 1, f"expected one cpp block in the section, found {len(blocks)}"
-open(sys.argv[2], "w").write(blocks[0])
+for lang in ("cpp", "cmake"):
+    blocks = re.findall(rf"```{lang}\n(.*?)```", m.group(1), re.S)
+    assert len(blocks) == 1, f"expected one {lang} block in the section, found {len(blocks)}"
+    if lang == "cmake":
+        assert "add_executable(train train.cpp)" in blocks[0], "the README's CMakeLists must build train.cpp"
+        open(sys.argv[3] + "/CMakeLists.txt", "w").write(blocks[0])
+    else:
+        main = open(sys.argv[2]).read()
+        assert "#include README_SNIPPET\n" in main
+        open(sys.argv[3] + "/train.cpp", "w").write(main.replace("#include README_SNIPPET\n", blocks[0]))
 PYEOF
 cmake -S "$src/tests/install/consumer" -B "$tmp/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_BUILD_TYPE=Release \
-  -DH5DDP_EXAMPLE="$src/tools/examples/own_loop.cpp" -DREADME_SNIPPET="$tmp/readme_snippet.inc" >/dev/null
+  -DH5DDP_EXAMPLE="$src/tools/examples/own_loop.cpp" >/dev/null
+cmake -S "$tmp/readme_project" -B "$tmp/readme_build" -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/null
+cmake --build "$tmp/readme_build" -j2 >/dev/null
 cmake --build "$tmp/build" -j2 >/dev/null
-export LD_LIBRARY_PATH="$tmp/prefix/lib:${LD_LIBRARY_PATH:-}"
+# No LD_LIBRARY_PATH: the installed libraries find each other and parallel HDF5 through their RUNPATH.
+unset LD_LIBRARY_PATH
 MPIRUN=(mpirun --oversubscribe)
 [ "$(id -u)" -eq 0 ] && MPIRUN+=(--allow-run-as-root)
 out=$("${MPIRUN[@]}" -np 2 "$tmp/build/consumer")
@@ -35,12 +47,12 @@ grep -q "consumer: size=2 sum=3 OK" <<<"$out" || fail "consumer"
 bash "$src/tests/examples/own_loop_resume.sh" "$tmp/build/own_loop" 2 kill
 
 mkdir -p "$tmp/r1" "$tmp/r2"
-(cd "$tmp/r1" && "${MPIRUN[@]}" -np 2 "$tmp/build/readme_loop" 150) | grep -q "readme_loop: exit 0" || fail "readme 150"
+(cd "$tmp/r1" && "${MPIRUN[@]}" -np 2 "$tmp/readme_build/train" 150) | grep -q "readme_loop: exit 0" || fail "readme 150"
 [ -f "$tmp/r1/runs/mine/ckpt-00000100.h5" ] && [ -f "$tmp/r1/runs/mine/ckpt-00000150.h5" ] || fail "readme saves"
 rm "$tmp/r1/runs/mine/ckpt-00000100.h5"
-(cd "$tmp/r1" && "${MPIRUN[@]}" -np 2 "$tmp/build/readme_loop" 300) | grep -q "readme_loop: exit 0" || fail "readme 300"
+(cd "$tmp/r1" && "${MPIRUN[@]}" -np 2 "$tmp/readme_build/train" 300) | grep -q "readme_loop: exit 0" || fail "readme 300"
 [ ! -f "$tmp/r1/runs/mine/ckpt-00000100.h5" ] || fail "the README loop started over instead of resuming"
-(cd "$tmp/r2" && "${MPIRUN[@]}" -np 2 "$tmp/build/readme_loop" 300) | grep -q "readme_loop: exit 0" || fail "readme ref"
+(cd "$tmp/r2" && "${MPIRUN[@]}" -np 2 "$tmp/readme_build/train" 300) | grep -q "readme_loop: exit 0" || fail "readme ref"
 "$PY" "$src/tests/train/compare_checkpoints.py" "$tmp/r1/runs/mine/ckpt-00000300.h5" "$tmp/r2/runs/mine/ckpt-00000300.h5" ||
   fail "the README loop resumed differs from the uninterrupted one"
 echo "PASS: find_package(h5ddp) consumers: MPI, own_loop kill+resume bitwise, README snippet resume bitwise"

@@ -273,6 +273,19 @@ TEST(Checkpointer, AsyncSavesAreCommittedByFinish) {
   EXPECT_TRUE(fs::exists(dir + "/ckpt-00000004.h5"));
 }
 
+// The library keeps what h5ddp-train and h5ddp_torch keep unless told otherwise: the 3 newest files (README's
+// own-loop snippet sets no keep_last; it used to keep every file of a run).
+TEST(Checkpointer, DefaultRetentionKeepsThreeNewest) {
+  const std::string dir = test::scratch_dir("ckptr-default-keep");
+  CheckpointerOptions o;
+  o.every_steps = 1;
+  Trained s(dir, "sgd", o);
+  s.train(5);
+  s.ckpt->finish();
+  for (int step : {1, 2}) EXPECT_FALSE(fs::exists(dir + "/ckpt-0000000" + std::to_string(step) + ".h5")) << step;
+  for (int step : {3, 4, 5}) EXPECT_TRUE(fs::exists(dir + "/ckpt-0000000" + std::to_string(step) + ".h5")) << step;
+}
+
 // Everything a file holds that training depends on, by checksum: model, optimizer state, parameter groups.
 std::string content(const std::string& path) {
   const CheckpointManifest m = read_manifest(test::world(), path);

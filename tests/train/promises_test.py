@@ -590,7 +590,7 @@ def resume_with_other_batch(saved_steps, new_batch, tag):
     warn = (f"warning: --batch-size {new_batch} differs from the {old} of the checkpoint; continuing with "
             f"{new_batch} from sample {pos}")
     fl.check(warn in r.text, f"no warning '{warn}': {r}")
-    fl.check(re.search(rf"resumed from \S+ckpt-{saved_steps:08d}\.h5 at step {saved_steps}, epoch 0, sample {pos} ",
+    fl.check(re.search(rf"resumed from \S+ckpt-{saved_steps:08d}\.h5 at step {saved_steps}, epoch 1, sample {pos} ",
                        r.text), f"no 'resumed from ... sample {pos}': {r}")
     before, after = weights(saved), weights(ckpt(one, saved_steps + 1))
     err = step_error(before, after, perm[pos:pos + new_batch])

@@ -350,11 +350,11 @@ EvalResult evaluate_checkpoint(Comm& comm, const EvalOptions& o) {
   });
 
   const int64_t begin = std::clamp<int64_t>(o.first, 0, data->size());
-  const int64_t end = std::clamp<int64_t>(o.first + o.count, begin, data->size());
+  const int64_t end = o.count < 0 ? data->size() : std::clamp<int64_t>(o.first + o.count, begin, data->size());
   r.images = end - begin;
   if (r.images == 0) return r;
   model.module->eval();
-  const ScoreSums s = score_rows(model.forward, *data, begin, end, end - begin);
+  const ScoreSums s = score_rows(model.forward, *data, begin, end, 1000);  // 1000 rows a forward, as training's
   r.loss = s.loss / s.rows;
   r.accuracy = data->spec().classification ? s.correct / s.rows : -1;
   return r;

@@ -58,7 +58,7 @@ struct EvalOptions {
   std::string data_file;       // an HDF5 data set (docs/DATA.md) instead of Fashion-MNIST
   std::string split = "t10k";  // Fashion-MNIST: "t10k" | "train"; --data: "test" | "train"
   int64_t first = 0;           // first sample
-  int64_t count = 1000;        // number of samples (clipped to the split)
+  int64_t count = -1;          // number of samples (clipped to the split; -1: to the end of the split)
   std::string model;           // "" = the model named in the checkpoint's /meta
   std::string model_file;      // a TorchScript module; "" = the checkpoint's model_file when it names one
 };

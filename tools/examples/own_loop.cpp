@@ -69,6 +69,12 @@ int train(h5ddp::Comm& comm, int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  if (argc > 1 && argv[1][0] == '-') {  // --help, or an option this example does not take: not a run dir name
+    const bool help = std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h";
+    if (h5ddp::first_process_of_job())
+      std::fprintf(help ? stdout : stderr, "usage: %s [RUN_DIR [STEPS [SLEEP_MS]]]\n", argv[0]);
+    return help ? 0 : 2;
+  }
   h5ddp::MpiEnv env(&argc, &argv);
   try {
     return train(*h5ddp::MpiComm::dup(MPI_COMM_WORLD), argc, argv);
