@@ -56,4 +56,26 @@ run_train 1 "$WORK/init.log" --init-from "$WORK/run/ckpt-00000006.h5" --max-step
   { cat "$WORK/init.log"; fail "--init-from run failed"; }
 grep -q "initialised the weights from $WORK/run/ckpt-00000006.h5" "$WORK/init.log" || { cat "$WORK/init.log"; fail "no init message"; }
 [ -f "$WORK/run2/ckpt-00000001.h5" ] || fail "--init-from run did not start at step 0"
+# Rerun with the same --init-from (a requeued fine-tune): continues its own checkpoint, does not start over.
+run_train 1 "$WORK/init2.log" --init-from "$WORK/run/ckpt-00000006.h5" --max-steps 2 --no-eval --run-dir "$WORK/run2" ||
+  { cat "$WORK/init2.log"; fail "--init-from rerun failed"; }
+grep -q "resumed from $WORK/run2/ckpt-00000001.h5 at step 1" "$WORK/init2.log" ||
+  { cat "$WORK/init2.log"; fail "the --init-from rerun did not continue its own run"; }
+# --init-from in a run dir that holds another run's checkpoints: refused, naming both files, nothing written.
+cp "$WORK/run2/ckpt-00000002.h5" "$WORK/other-init.h5"
+before=$(ls "$WORK/run")
+rc=0
+run_train 1 "$WORK/init3.log" --init-from "$WORK/other-init.h5" --max-steps 8 --run-dir "$WORK/run" || rc=$?
+[ "$rc" -eq 1 ] || { cat "$WORK/init3.log"; fail "--init-from into another run's dir exited $rc, expected 1"; }
+grep -q "error: .*--init-from $WORK/other-init.h5 starts a fresh run, .*found $WORK/run/ckpt-00000006.h5" "$WORK/init3.log" ||
+  { cat "$WORK/init3.log"; fail "the refusal does not name both files"; }
+[ "$(ls "$WORK/run")" = "$before" ] || fail "the refused --init-from changed $WORK/run"
+rc=0
+run_train 1 "$WORK/init4.log" --init-from "$WORK/other-init.h5" --resume "$WORK/run/ckpt-00000006.h5" || rc=$?
+[ "$rc" -eq 2 ] && grep -q "init-from.*pass one of the two" "$WORK/init4.log" ||
+  { cat "$WORK/init4.log"; fail "--init-from with --resume PATH exited $rc, expected 2 and a message"; }
+# A --config file takes a flag alone on its line, as the command line does.
+printf 'max-steps = 1\nno-final-checkpoint\nrun-dir = %s\n' "$WORK/run-config" >"$WORK/flags.cfg"
+run_train 1 "$WORK/config.log" --config "$WORK/flags.cfg" || { cat "$WORK/config.log"; fail "--config with a bare flag"; }
+[ ! -f "$WORK/run-config/ckpt-00000001.h5" ] || fail "the bare 'no-final-checkpoint' in --config was not applied"
 echo "PASS: options, validation and report (accuracy after 6 steps: $acc%)"
