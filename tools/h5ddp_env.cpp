@@ -56,6 +56,15 @@ void run(const h5ddp::MpiEnv& env) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1) {  // takes no arguments: --help (or anything else) prints what it does
+    const bool help = !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h");
+    if (h5ddp::first_process_of_job())
+      std::fprintf(help ? stdout : stderr,
+                   "usage: [mpirun -np N | srun -n N --mpi=pmix] h5ddp-env\n"
+                   "prints, one line per rank in rank order, what each rank learned about its place in the job\n"
+                   "(rank, size, local rank, node count, host; SLURM_* variables beside them for comparison)\n");
+    return help ? 0 : 2;
+  }
   h5ddp::MpiEnv env(&argc, &argv);
   try {
     run(env);
