@@ -5,8 +5,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "h5ddp/dtype.hpp"
@@ -62,6 +65,37 @@ class Comm {
   void require_same(int64_t value, const std::string& what);
   // Collective. Broadcasts a string from root.
   std::string broadcast_string(const std::string& s, int root);
+  // Collective. Nothing when `error` is null on every rank; otherwise every rank throws, marked agreed, the
+  // exception of the lowest rank whose `error` is set: its h5ddp::Error type (ConfigError, DataError,
+  // CheckpointError, ...; any other exception as Error) and its message, which names that rank. agreed() below
+  // is the usual way in.
+  void rethrow_first(const std::exception_ptr& error);
 };
+
+// Collective. "Agree, then throw" in one place: runs f() on every rank; if it throws on any rank, every rank
+// throws the lowest failing rank's error (Comm::rethrow_first), so no rank goes on into a collective alone.
+// Returns f()'s value on success. f() itself must not be collective unless every rank reaches its end.
+template <class F>
+auto agreed(Comm& comm, F&& f) -> decltype(f()) {
+  using Result = decltype(f());
+  std::exception_ptr error;
+  if constexpr (std::is_void_v<Result>) {
+    try {
+      f();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    comm.rethrow_first(error);
+  } else {
+    std::optional<Result> result;
+    try {
+      result.emplace(f());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    comm.rethrow_first(error);
+    return std::move(*result);
+  }
+}
 
 }  // namespace h5ddp

@@ -70,6 +70,7 @@ void set_process_identity(const std::string& host, int rank, int size);
 [[noreturn]] void throw_cuda_error(int code, const char* expr, const char* file, int line);  // CUDA builds
 [[noreturn]] void throw_nccl_error(int code, const char* expr, const char* file, int line);  // CUDA builds
 [[noreturn]] void throw_check_failed(const char* expr, const std::string& message, const char* file, int line);
+std::string source_location(const char* file, int line);  // " (file.cpp:123)", the file without its directories
 }  // namespace detail
 
 // Throws `e` marked agreed (Error::agreed): for an error that every rank raises together because a

@@ -11,24 +11,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "h5ddp/splitmix.hpp"  // the generator of the permutations
 #include "h5ddp/train_state.hpp"
 
 namespace h5ddp {
-
-// splitmix64 (Steele, Lea, Flood 2014): a tiny, well-mixed generator with a fixed definition.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t next();
-  // Uniform in [0, bound) without modulo bias (rejection sampling); bound > 0.
-  uint64_t below(uint64_t bound);
-
- private:
-  uint64_t state_;
-};
-
-// Mixes two words into one seed (used for per-epoch and per-rank derived streams).
-uint64_t mix_seed(uint64_t a, uint64_t b);
 
 // Local. The permutation of [0, n) for (seed, epoch).
 std::vector<int64_t> shuffled_indices(int64_t n, uint64_t seed, int64_t epoch);

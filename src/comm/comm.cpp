@@ -21,14 +21,78 @@ bool Comm::all_ok(bool local_ok) {
 }
 
 void Comm::raise_if_any(const std::string& local_error) {
-  int32_t first = local_error.empty() ? std::numeric_limits<int32_t>::max() : rank();
+  // The reporting rank's message already names its host and rank when it came from an h5ddp::Error.
+  rethrow_first(local_error.empty()
+                    ? nullptr
+                    : std::make_exception_ptr(DisagreementError(
+                          Error::Untagged{}, "rank " + std::to_string(rank()) + " reported: " + local_error)));
+}
+
+namespace {
+
+// The h5ddp::Error kinds an agreed error keeps across ranks (most derived first).
+enum class ErrorKind : int32_t { kError, kConfig, kData, kCheckpointMismatch, kCheckpoint, kDisagreement, kH5, kMpi };
+
+ErrorKind kind_of(const std::exception& e) {
+  if (dynamic_cast<const ConfigError*>(&e)) return ErrorKind::kConfig;
+  if (dynamic_cast<const DataError*>(&e)) return ErrorKind::kData;
+  if (dynamic_cast<const CheckpointMismatchError*>(&e)) return ErrorKind::kCheckpointMismatch;
+  if (dynamic_cast<const CheckpointError*>(&e)) return ErrorKind::kCheckpoint;
+  if (dynamic_cast<const DisagreementError*>(&e)) return ErrorKind::kDisagreement;
+  if (dynamic_cast<const H5Error*>(&e)) return ErrorKind::kH5;
+  if (dynamic_cast<const MpiError*>(&e)) return ErrorKind::kMpi;
+  return ErrorKind::kError;
+}
+
+template <class E>
+[[noreturn]] void throw_agreed_untagged(const std::string& message) {
+  throw_agreed(E(Error::Untagged{}, message));
+}
+
+[[noreturn]] void throw_kind(ErrorKind kind, const std::string& message) {
+  switch (kind) {
+    case ErrorKind::kConfig:
+      throw_agreed_untagged<ConfigError>(message);
+    case ErrorKind::kData:
+      throw_agreed_untagged<DataError>(message);
+    case ErrorKind::kCheckpointMismatch:
+      throw_agreed_untagged<CheckpointMismatchError>(message);
+    case ErrorKind::kCheckpoint:
+      throw_agreed_untagged<CheckpointError>(message);
+    case ErrorKind::kDisagreement:
+      throw_agreed_untagged<DisagreementError>(message);
+    case ErrorKind::kH5:
+      throw_agreed_untagged<H5Error>(message);
+    case ErrorKind::kMpi:
+      throw_agreed_untagged<MpiError>(message);
+    case ErrorKind::kError:
+      break;
+  }
+  throw_agreed_untagged<Error>(message);
+}
+
+}  // namespace
+
+void Comm::rethrow_first(const std::exception_ptr& error) {
+  int32_t first = error ? rank() : std::numeric_limits<int32_t>::max();
   allreduce(&first, 1, DType::kI32, ReduceOp::kMin);
   if (first == std::numeric_limits<int32_t>::max()) return;
-  // The reporting rank's message already names its host and rank when it came from an h5ddp::Error.
-  DisagreementError e(Error::Untagged{},
-                      "rank " + std::to_string(first) + " reported: " + broadcast_string(local_error, first));
-  e.mark_agreed();
-  throw e;
+  int32_t kind = 0;
+  std::string message;
+  if (first == rank()) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {  // its message already names its host and rank
+      kind = static_cast<int32_t>(kind_of(e));
+      message = e.what();
+    } catch (const std::exception& e) {
+      message = process_tag() + " " + e.what();
+    } catch (...) {
+      message = process_tag() + " unknown exception";
+    }
+  }
+  broadcast(&kind, 1, DType::kI32, first);
+  throw_kind(static_cast<ErrorKind>(kind), broadcast_string(message, first));
 }
 
 void Comm::require_same(int64_t value, const std::string& what) {

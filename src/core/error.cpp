@@ -52,11 +52,15 @@ void set_process_identity(const std::string& host, int rank, int size) {
   g_size = size;
 }
 
+std::string source_location(const char* file, int line) {
+  return std::string(" (") + basename_of(file) + ":" + std::to_string(line) + ")";
+}
+
 void throw_mpi_error(int code, const char* expr, const char* file, int line) {
   char text[MPI_MAX_ERROR_STRING] = {0};
   int len = 0;
   if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) snprintf(text, sizeof(text), "MPI error %d", code);
-  throw MpiError(std::string(expr) + " failed: " + text + " (" + basename_of(file) + ":" + std::to_string(line) + ")");
+  throw MpiError(std::string(expr) + " failed: " + text + source_location(file, line));
 }
 
 void throw_check_failed(const char* expr, const std::string& message, const char* file, int line) {

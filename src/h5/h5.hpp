@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "h5ddp/comm.hpp"
+#include "h5ddp/dtype.hpp"
 
 namespace h5ddp::h5 {
 

@@ -7,7 +7,7 @@
 
 #include "h5ddp/ddp.hpp"
 #include "h5ddp/error.hpp"
-#include "h5ddp/sampler.hpp"
+#include "h5ddp/splitmix.hpp"
 
 namespace h5ddp {
 

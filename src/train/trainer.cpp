@@ -286,22 +286,17 @@ class Trainer {
 
   // Collective. Every rank checks what needs no I/O and the ranks agree before anything else happens.
   void validate_options() {
-    std::string err;
-    try {
+    agreed(comm_, [&] {
       // The global batch the run will use: the checkpoint's, unless --batch-size is given (or nothing resumes).
       if (config_.batch_size_set || config_.resume == "none") check_global_batch(config_.batch_size, comm_.size());
       validate_environment(config_);
-    } catch (const std::exception& e) {
-      err = e.what();
-    }
-    comm_.raise_if_any(err);
+    });
   }
 
   // Collective. Fashion-MNIST: every rank holds the whole (small) set. --data FILE.h5: each rank opens the file
   // and later reads only the rows of its own batches (and its share of the test set). The sampler picks the rows.
   void load_data() {
-    std::string err;
-    try {
+    agreed(comm_, [&] {
       if (!config_.data_file.empty()) {
         train_set_ = open_h5_dataset(config_.data_file, "train");
         if (evaluates()) {
@@ -316,23 +311,14 @@ class Trainer {
       if (test_set_ && test_set_->spec().shape != train_set_->spec().shape)
         throw DataError("--data " + config_.data_file + ": /test samples are " + test_set_->spec().shape_text() +
                         " but /train samples are " + train_set_->spec().shape_text());
-    } catch (const std::exception& e) {
-      err = e.what();
-    }
-    comm_.raise_if_any(err);
+    });
     if (root_ && !config_.data_file.empty()) log::root_info("data: " + train_set_->describe());
   }
 
   // Collective. Same initial weights everywhere (DDP broadcasts rank 0's anyway), then per-rank dropout streams.
   void build_model() {
     torch::manual_seed(config_.seed);
-    std::string err;
-    try {
-      model_ = build_train_model(config_.model);
-    } catch (const std::exception& e) {
-      err = e.what();
-    }
-    comm_.raise_if_any(err);
+    model_ = agreed(comm_, [&] { return build_train_model(config_.model); });
     select_device();
     check_data_fits_model();
     DdpOptions ddp_options;
@@ -354,9 +340,7 @@ class Trainer {
   // Collective. --device: every rank the same kind of device (h5ddp/device.hpp's rule), no two ranks of a host on
   // one GPU; with CUDA an NcclComm for the gradients (MPI stays for control traffic) and the model moved there.
   void select_device() {
-    std::string err;
-    DeviceChoice choice;
-    try {
+    DeviceChoice choice = agreed(comm_, [&] {
       DeviceFacts facts;
 #ifdef H5DDP_WITH_CUDA
       facts.cuda_compiled = true;
@@ -365,11 +349,8 @@ class Trainer {
       facts.visible_gpus = facts.torch_cuda ? visible_cuda_devices() : 0;
       facts.local_rank = config_.local_rank;
       facts.local_size = config_.local_size;
-      choice = choose_device(config_.device, facts);
-    } catch (const std::exception& e) {
-      err = e.what();
-    }
-    comm_.raise_if_any(err);
+      return choose_device(config_.device, facts);
+    });
     int64_t all_cuda = choice.cuda ? 1 : 0;
     comm_.allreduce(&all_cuda, 1, DType::kI64, ReduceOp::kSum);
     if (all_cuda != 0 && all_cuda != comm_.size())
@@ -426,19 +407,16 @@ class Trainer {
   // Collective (the same verdict everywhere). The model takes the samples (a forward of two of them in eval
   // mode), and every label lies in [0, classes): each rank scans its share of the labels.
   void check_data_fits_model() {
-    std::string err;
-    int64_t width = 0;
-    try {
+    const int64_t width = agreed(comm_, [&] {
       model_.module->eval();
-      width = check_model_accepts(model_.forward, *train_set_, compute_);
+      const int64_t w = check_model_accepts(model_.forward, *train_set_, compute_);
       model_.module->train();
-    } catch (const std::exception& e) {
-      err = e.what();
-    }
-    if (err.empty() && config_.keep_best && !train_set_->spec().classification)
-      err = "--keep-best keeps the checkpoint of the best test accuracy; " + train_set_->describe() +
-            " has float targets (regression), which have none";
-    comm_.raise_if_any(err);
+      if (config_.keep_best && !train_set_->spec().classification)
+        throw ConfigError("--keep-best keeps the checkpoint of the best test accuracy; " + train_set_->describe() +
+                          " has float targets (regression), which have none");
+      return w;
+    });
+    std::string err;
     if (!train_set_->spec().classification) return;
     for (const Dataset* d : {train_set_.get(), test_set_.get()}) {
       if (!d) continue;

@@ -96,6 +96,46 @@ TEST(Comm, RaiseIfAnyThrowsOnEveryRankWithTheFailingRank) {
   EXPECT_NO_THROW(c.raise_if_any(""));
 }
 
+// agreed(): the lowest failing rank's error, of its own type and with its message (naming that rank), on every
+// rank, marked agreed; the value of f() when no rank failed.
+TEST(Comm, AgreedRethrowsTheLowestFailingRanksErrorEverywhere) {
+  auto& c = test::world();
+  EXPECT_EQ(agreed(c, [&] { return c.rank() + 40; }), c.rank() + 40);
+  const int bad = c.size() - 1;
+  try {
+    agreed(c, [&] {
+      if (c.rank() == bad) throw ConfigError("--batch-size 7: not divisible");
+      if (c.rank() > bad) throw DataError("never the lowest");
+    });
+    ADD_FAILURE() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_TRUE(e.agreed());
+    EXPECT_NE(msg.find("rank " + std::to_string(bad) + "/" + std::to_string(c.size()) + "] --batch-size 7"),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(msg.find("rank " + std::to_string(bad) + "/", msg.find("/") + 1), std::string::npos)
+        << "the rank is named once: " << msg;
+  }
+  try {
+    agreed(c, [&] {
+      if (c.rank() == 0) throw CheckpointMismatchError("another model");
+    });
+    ADD_FAILURE() << "expected CheckpointMismatchError";
+  } catch (const CheckpointMismatchError& e) {
+    EXPECT_TRUE(e.agreed());
+  }
+  try {  // anything else: an h5ddp::Error with its text
+    agreed(c, [&] {
+      if (c.rank() == bad) throw std::runtime_error("plain failure");
+    });
+    ADD_FAILURE() << "expected Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("plain failure"), std::string::npos) << e.what();
+    EXPECT_EQ(dynamic_cast<const ConfigError*>(&e), nullptr);
+  }
+}
+
 TEST(Comm, RequireSameListsValues) {
   auto& c = test::world();
   EXPECT_NO_THROW(c.require_same(5, "step"));

@@ -36,6 +36,10 @@ cmake -S "$src/tests/install/consumer" -B "$tmp/build" -DCMAKE_PREFIX_PATH="$tmp
 cmake -S "$tmp/readme_project" -B "$tmp/readme_build" -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/null
 cmake --build "$tmp/readme_build" -j2 >/dev/null
 cmake --build "$tmp/build" -j2 >/dev/null
+# h5ddp::h5ddp is the library without the application: find_package(h5ddp) exports no trainer library (models,
+# data readers, option parser), so the own loop and the README's (DDP + Checkpointer + sampler) built without it.
+! grep -rq "h5ddp_train" "$tmp/prefix"/lib*/cmake/h5ddp/ || fail "find_package(h5ddp) exports the trainer's library"
+grep -q "h5ddp::h5ddp_torch" "$tmp/prefix"/lib*/cmake/h5ddp/h5ddpTargets.cmake || fail "no h5ddp::h5ddp_torch exported"
 # No LD_LIBRARY_PATH: the installed libraries find each other and parallel HDF5 through their RUNPATH.
 unset LD_LIBRARY_PATH
 MPIRUN=(mpirun --oversubscribe)

@@ -160,25 +160,6 @@ void check_against_model(const std::string& what, const std::string& model_name,
   throw CheckpointError(msg);
 }
 
-// Collective. Runs f; a failure on any rank throws on every rank. A lone process rethrows its own exception
-// unchanged (no "rank 0 reported" wrapper around a message that already names the file).
-template <class F>
-void agreed(Comm& comm, F&& f) {
-  std::string error;
-  std::exception_ptr failure;
-  try {
-    f();
-  } catch (const std::exception& e) {
-    error = e.what();
-    failure = std::current_exception();
-  }
-  if (comm.size() == 1) {
-    if (failure) std::rethrow_exception(failure);
-    return;
-  }
-  comm.raise_if_any(error);
-}
-
 }  // namespace
 
 LoadedCheckpoint load_checkpoint_tensors(Comm& comm, const std::string& path) {

@@ -6,28 +6,6 @@
 
 namespace h5ddp {
 
-uint64_t SplitMix64::next() {
-  uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-uint64_t SplitMix64::below(uint64_t bound) {
-  // Accept only draws below the largest multiple of bound, so every residue is equally likely.
-  const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
-  uint64_t x;
-  do x = next();
-  while (x >= limit);
-  return x % bound;
-}
-
-uint64_t mix_seed(uint64_t a, uint64_t b) {
-  SplitMix64 g(a ^ (b * 0xD1B54A32D192ED03ull + 0x8CB92BA72F3D8DD7ull));
-  g.next();
-  return g.next();
-}
-
 std::vector<int64_t> shuffled_indices(int64_t n, uint64_t seed, int64_t epoch) {
   std::vector<int64_t> p(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) p[i] = i;

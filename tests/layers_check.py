@@ -1,0 +1,71 @@
+"""The layer map of docs/ARCHITECTURE.md, checked on the sources: every #include "..." in src/<layer>/ and in the
+public headers must point at the same layer or one it may use. Each folder is its own shared library, so an
+upward include would also be a link error, but only for code that calls across it; this catches the include
+itself (a header-only use too). Usage: layers_check.py SOURCE_DIR"""
+import os
+import re
+import sys
+
+# layer -> the layers it may include (itself included).
+ALLOWED = {
+    "core": {"core"},
+    "comm": {"core", "comm"},
+    "h5": {"core", "h5"},
+    "checkpoint": {"core", "comm", "h5", "checkpoint"},
+    "ddp": {"core", "comm", "ddp"},
+    "torch": {"core", "comm", "h5", "checkpoint", "ddp", "torch"},
+    "train": {"core", "comm", "h5", "checkpoint", "ddp", "torch", "train"},
+}
+# include/h5ddp/<name>.hpp -> the layer (library) that implements it.
+PUBLIC = {
+    "error": "core", "dtype": "core", "device": "core", "mpi_env": "core", "splitmix": "core",
+    "comm": "comm", "mpi_comm": "comm", "nccl_comm": "comm",
+    "checkpoint": "checkpoint", "train_state": "checkpoint",
+    "bucketing": "ddp", "ddp": "ddp",
+    "checkpointer": "torch", "sampler": "torch", "script_module": "torch", "stop_signal": "torch",
+}
+
+
+def layer_of_include(path):
+    """The layer an include names, or None for one outside the project (a system or library header)."""
+    if path.startswith("h5ddp/"):
+        name = os.path.splitext(path[len("h5ddp/"):])[0]
+        return PUBLIC.get(name, "unknown public header " + path)
+    head = path.split("/")[0]
+    return head if head in ALLOWED else None
+
+
+def main(src):
+    problems = []
+    files = []
+    for layer in ALLOWED:
+        d = os.path.join(src, "src", layer)
+        files += [(layer, os.path.join(d, f)) for f in sorted(os.listdir(d)) if f.endswith((".cpp", ".hpp", ".c"))]
+    inc = os.path.join(src, "include", "h5ddp")
+    for f in sorted(os.listdir(inc)):
+        name = os.path.splitext(f)[0]
+        if name not in PUBLIC:
+            problems.append(f"include/h5ddp/{f}: not in this check's map of public headers to layers")
+            continue
+        files.append((PUBLIC[name], os.path.join(inc, f)))
+    for layer, path in files:
+        with open(path) as fh:
+            for n, line in enumerate(fh, 1):
+                m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+                if not m:
+                    continue
+                target = layer_of_include(m.group(1))
+                if target is None or target in ALLOWED[layer]:
+                    continue
+                problems.append(f"{os.path.relpath(path, src)}:{n}: layer '{layer}' includes {m.group(1)} "
+                                f"(layer '{target}'); '{layer}' may use {', '.join(sorted(ALLOWED[layer]))}")
+    for p in problems:
+        print("FAIL: " + p)
+    if problems:
+        return 1
+    print(f"PASS: {len(files)} files, every include within the layer map")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(os.path.abspath(sys.argv[1])))
