@@ -76,4 +76,24 @@ LrSchedule LrSchedule::from_state(const SchedulerState& s) {
   return l;
 }
 
+LrSchedule continued_schedule(const SchedulerState& s, const LrSchedule& planned, const std::string& path, int64_t step,
+                              std::string* note) {
+  if (s.type.empty() || s.type == "none") return planned;
+  LrSchedule saved = with_context("reading the lr schedule of " + path, [&] { return LrSchedule::from_state(s); });
+  if (!saved.same_shape(planned))
+    throw ConfigError("the checkpoint " + path + " continues the lr schedule " + saved.describe() +
+                      "; this run's options ask for " + planned.describe() +
+                      ": pass --replan-lr-schedule to change it from step " + std::to_string(step));
+  if (saved.type != "cosine") {  // only cosine depends on the horizon
+    saved.total_steps = planned.total_steps;
+  } else if (saved.total_steps != planned.total_steps && note) {
+    *note = "note: the lr schedule keeps the checkpoint's horizon of " + std::to_string(saved.total_steps) +
+            " steps (this run plans " + std::to_string(planned.total_steps) +
+            (planned.total_steps > saved.total_steps ? "; steps past the horizon run at the schedule's end value, lr 0"
+                                                     : "") +
+            "); --replan-lr-schedule plans it over this run";
+  }
+  return saved;
+}
+
 }  // namespace h5ddp

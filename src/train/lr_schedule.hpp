@@ -31,4 +31,12 @@ struct LrSchedule {
   static LrSchedule from_state(const SchedulerState& s);
 };
 
+// Local, pure. The schedule a resume continues: the checkpoint's `saved` one (its shape, and for cosine its
+// horizon, so raising --epochs does not change the lrs already planned) when it has the shape this run plans;
+// `planned` itself when the file records none (an import, a library writer). Throws ConfigError, naming `path`
+// and --replan-lr-schedule, when the shapes differ; CheckpointError when `saved` cannot be read. `note`: set when
+// a kept cosine horizon differs from the planned one (the line to show the user).
+LrSchedule continued_schedule(const SchedulerState& saved, const LrSchedule& planned, const std::string& path,
+                              int64_t step, std::string* note);
+
 }  // namespace h5ddp

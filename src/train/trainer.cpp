@@ -15,10 +15,7 @@
 #include <sstream>
 #include <thread>
 
-#include "checkpoint/format.hpp"
 #include "core/log.hpp"
-#include "core/watchdog.hpp"
-#include "h5/h5.hpp"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/checkpointer.hpp"
 #include "h5ddp/ddp.hpp"
@@ -30,10 +27,16 @@
 #include "torch/torch_state.hpp"
 #include "train/batch.hpp"
 #include "train/data.hpp"
+#include "train/data_checks.hpp"
 #include "train/dataset.hpp"
+#include "train/device_setup.hpp"
+#include "train/keep_best.hpp"
 #include "train/lr_schedule.hpp"
 #include "train/metrics.hpp"
 #include "train/models.hpp"
+#include "train/progress.hpp"
+#include "train/resume_hint.hpp"
+#include "train/stall_watch.hpp"
 
 namespace h5ddp {
 namespace {
@@ -60,60 +63,13 @@ void set_lr(torch::optim::Optimizer& opt, double lr) {
   for (auto& g : opt.param_groups()) g.options().set_lr(lr);
 }
 
-std::string format_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "--:--";
-  const long t = std::lround(s);
-  char buf[32];
-  if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%02ld:%02ld", t / 60, t % 60);
-  return buf;
-}
-
-std::string shell_join(const std::vector<std::string>& args) {
-  std::string out;
-  for (const auto& a : args) {
-    const bool plain = !a.empty() && a.find_first_of(" \t\n'\"\\$`;&|<>()*?[]{}~!#") == std::string::npos;
-    out += (out.empty() ? "" : " ") + (plain ? a : "'" + a + "'");
-  }
-  return out;
-}
-
-// `args` less each option in `names` with its value ("--name V" or "--name=V").
-std::vector<std::string> without_options(const std::vector<std::string>& args, const std::vector<std::string>& names) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    bool drop = false;
-    for (const auto& n : names) {
-      if (args[i] == n) {
-        drop = true;
-        ++i;  // its value
-      } else if (args[i].rfind(n + "=", 0) == 0) {
-        drop = true;
-      }
-      if (drop) break;
-    }
-    if (!drop) out.push_back(args[i]);
-  }
-  return out;
-}
-
 // Local. The strings of a checkpoint's /meta group; empty when the file cannot be read.
 std::map<std::string, std::string> read_checkpoint_meta(const std::string& path) {
-  std::map<std::string, std::string> meta;
-  h5::SilenceErrors quiet;
-  const hid_t raw = H5Fopen(path.c_str(), H5F_ACC_RDONLY, h5::serial_file_access());
-  if (raw < 0) return meta;
   try {
-    h5::Handle file = h5::file(raw);
-    if (!h5::exists(file, format::kMetaGroup)) return meta;
-    h5::Handle group = h5::group(H5Gopen2(file, format::kMetaGroup, H5P_DEFAULT));
-    for (const auto& name : h5::attr_names(group)) meta[name] = h5::read_attr_string(group, name);
+    return CheckpointFile(path).meta();
   } catch (const Error&) {
-    meta.clear();
+    return {};
   }
-  return meta;
 }
 
 struct EvalResult {
@@ -133,107 +89,9 @@ EvalResult evaluate(const TrainModel& model, const Dataset& test, Comm& comm, co
                     sums[1] / static_cast<double>(n)};
 }
 
-// Rank 0's progress display: '\r'-updated line on a terminal, a line every `every` steps otherwise.
-class Progress {
- public:
-  Progress(bool enabled, const std::string& mode, int64_t total_steps, int64_t log_every)
-      : enabled_(enabled),
-        tty_(enabled && use_tty(mode)),
-        total_(total_steps),
-        every_(log_every > 0 ? log_every : std::max<int64_t>(1, total_steps / 20)) {}
-
-  // Open MPI hands its ranks a pseudo-terminal even when mpirun's own output is a pipe or a file, so
-  // under mpirun "auto" means lines; --progress tty (e.g. from a launch script that saw a terminal) forces it.
-  static bool use_tty(const std::string& mode) {
-    if (mode != "auto") return mode == "tty";
-    return ::isatty(STDOUT_FILENO) && !std::getenv("OMPI_COMM_WORLD_SIZE");
-  }
-
-  void start(int64_t step) {
-    start_step_ = step;
-    start_ = last_print_ = Clock::now();
-  }
-
-  void update(int64_t step, int64_t epoch, int64_t epochs, double loss, int64_t global_batch, bool last) {
-    if (!enabled_) return;
-    loss_sum_ += loss;
-    ++loss_n_;
-    const bool due = tty_ ? (seconds_since(last_print_) > 0.25 || last) : (step % every_ == 0 || last);
-    if (!due) return;
-    const double el = seconds_since(start_);
-    const double sps = el > 0 ? static_cast<double>(step - start_step_) / el : 0;
-    const double eta = sps > 0 ? static_cast<double>(total_ - step) / sps : NAN;
-    std::printf("%sstep %lld/%lld  epoch %lld/%lld  loss %.4f  %.0f samples/s  elapsed %s  ETA %s%s", tty_ ? "\r" : "",
-                static_cast<long long>(step), static_cast<long long>(total_),
-                static_cast<long long>(std::min(epoch + 1, epochs)), static_cast<long long>(epochs),
-                loss_sum_ / std::max<int64_t>(loss_n_, 1), sps * static_cast<double>(global_batch),
-                format_duration(el).c_str(), format_duration(eta).c_str(), tty_ ? "   " : "\n");
-    if (tty_ && last) std::printf("\n");
-    std::fflush(stdout);
-    loss_sum_ = 0;
-    loss_n_ = 0;
-    last_print_ = Clock::now();
-  }
-
-  void end_line() {
-    if (tty_) {
-      std::printf("\n");
-      std::fflush(stdout);
-    }
-  }
-
- private:
-  bool enabled_, tty_;
-  int64_t total_, every_;
-  int64_t start_step_ = 0;
-  Clock::time_point start_, last_print_;
-  double loss_sum_ = 0;
-  int64_t loss_n_ = 0;
-};
-
 struct SignalScope {  // from the first line: a signal during the data load is not lost
   SignalScope() { stop_signal::install(); }
   ~SignalScope() { stop_signal::uninstall(); }
-};
-
-// --watchdog-seconds: a stalled step or save aborts the job with a message instead of hanging it. auto (the
-// default): 20x the slowest step and 10x the slowest save this process has seen, with generous floors
-// (tests: H5DDP_WATCHDOG_FLOOR_SECONDS sets the step floor, and the save floor to 3x it; a test-only hook,
-// armed only with H5DDP_TEST_HOOKS=1, so a stray variable cannot abort a real run).
-class StallWatch {
- public:
-  enum class Kind { kStep, kSave };
-
-  explicit StallWatch(double configured)
-      : auto_(configured < 0),
-        configured_(configured),
-        step_floor_(floor_from_env()),
-        step_limit_(step_floor_, 20),
-        save_limit_(env_floor_ ? 3 * step_floor_ : kAutoWatchdogSaveFloor, 10),
-        watchdog_(auto_ ? step_floor_ : configured) {}
-
-  Watchdog::Guard watch(const std::string& what, Kind kind, int64_t step) {
-    if (!watchdog_.enabled()) return Watchdog::Guard();
-    const double limit = auto_ ? (kind == Kind::kStep ? step_limit_ : save_limit_).seconds()
-                               : (kind == Kind::kStep ? 1 : 10) * configured_;
-    return watchdog_.guard(what + " at step " + std::to_string(step + 1), limit);
-  }
-  void observe(Kind kind, double seconds) { (kind == Kind::kStep ? step_limit_ : save_limit_).observe(seconds); }
-
- private:
-  double floor_from_env() {
-    const char* hooks = std::getenv("H5DDP_TEST_HOOKS");
-    const char* env = hooks && std::string(hooks) == "1" ? std::getenv("H5DDP_WATCHDOG_FLOOR_SECONDS") : nullptr;
-    env_floor_ = env != nullptr;
-    return env ? std::max(0.1, std::atof(env)) : kAutoWatchdogStepFloor;
-  }
-
-  bool auto_;
-  double configured_;
-  bool env_floor_ = false;
-  double step_floor_;
-  AutoLimit step_limit_, save_limit_;
-  Watchdog watchdog_;
 };
 
 CheckpointerOptions checkpointer_options(const TrainConfig& c) {
@@ -319,8 +177,10 @@ class Trainer {
   void build_model() {
     torch::manual_seed(config_.seed);
     model_ = agreed(comm_, [&] { return build_train_model(config_.model); });
-    select_device();
-    check_data_fits_model();
+    DeviceSetup device = setup_device(config_, comm_, *model_.module);
+    compute_ = device.compute;
+    device_comm_ = std::move(device.device_comm);
+    check_data_fits_model(model_, *train_set_, test_set_.get(), compute_, config_.keep_best, comm_);
     DdpOptions ddp_options;
     ddp_options.device_comm = device_comm_.get();
     ddp_options.reduce_bf16 = compute_.bf16 && compute_.device.is_cuda();  // NCCL sums bf16; MPI cannot
@@ -335,106 +195,6 @@ class Trainer {
     for (const auto& [key, value] : model_.meta) ckpt_->set_meta(key, value);
     ckpt_->data().seed = config_.seed;
     ckpt_->data().global_batch = config_.batch_size;
-  }
-
-  // Collective. --device: every rank the same kind of device (h5ddp/device.hpp's rule), no two ranks of a host on
-  // one GPU; with CUDA an NcclComm for the gradients (MPI stays for control traffic) and the model moved there.
-  void select_device() {
-    DeviceChoice choice = agreed(comm_, [&] {
-      DeviceFacts facts;
-#ifdef H5DDP_WITH_CUDA
-      facts.cuda_compiled = true;
-#endif
-      facts.torch_cuda = facts.cuda_compiled && torch::cuda::is_available();
-      facts.visible_gpus = facts.torch_cuda ? visible_cuda_devices() : 0;
-      facts.local_rank = config_.local_rank;
-      facts.local_size = config_.local_size;
-      return choose_device(config_.device, facts);
-    });
-    int64_t all_cuda = choice.cuda ? 1 : 0;
-    comm_.allreduce(&all_cuda, 1, DType::kI64, ReduceOp::kSum);
-    if (all_cuda != 0 && all_cuda != comm_.size())
-      comm_.raise_if_any("--device " + config_.device + ": " + std::to_string(all_cuda) + " of " +
-                         std::to_string(comm_.size()) +
-                         " ranks have a usable GPU and the others not; pass --device cpu, or give every rank a GPU");
-    if (choice.cuda) set_cuda_device(choice.index);
-    if (choice.cuda && !one_gpu_per_rank(choice.index)) choice = DeviceChoice{};  // --device auto: the CPU
-    if (choice.cuda) {
-#ifdef H5DDP_WITH_CUDA
-      device_comm_ = NcclComm::create(comm_);
-#endif
-      compute_.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(choice.index));
-      model_.module->to(compute_.device);
-    }
-    compute_.bf16 = config_.precision == "bf16";
-    if (root_)
-      log::root_info(
-          "device: " +
-          std::string(choice.cuda ? "cuda (one GPU per rank; rank 0 on " + choice.describe() + "), gradients over NCCL"
-                                  : "cpu, gradients over MPI") +
-          ", precision " + config_.precision);
-  }
-
-  // Collective, the same verdict everywhere. Two ranks of one host on one GPU (each sees one GPU, the same one)
-  // would make NCCL fail later with a less clear error: compare "host bus-id" of every rank. A clash is an
-  // error with --device cuda; with auto the job trains on the CPU (false).
-  bool one_gpu_per_rank(int index) {
-    constexpr size_t kLen = 160;
-    char mine[kLen] = {};
-    char host[64] = {};
-    ::gethostname(host, sizeof host - 1);
-    std::snprintf(mine, kLen, "%s %s", host, cuda_device_bus_id(index).c_str());
-    std::vector<char> all(kLen * static_cast<size_t>(comm_.size()));
-    comm_.allgather(mine, all.data(), kLen, DType::kU8);
-    std::string err;
-    std::map<std::string, int> seen;  // "host bus" -> first rank
-    for (int r = 0; r < comm_.size() && err.empty(); ++r) {
-      std::string tag(&all[kLen * r]);
-      const std::string host = tag.substr(0, tag.find(' ')), bus = tag.substr(tag.rfind(' ') + 1);
-      auto [it, fresh] = seen.emplace(host + " " + bus, r);
-      if (!fresh)
-        err = "--device cuda: ranks " + std::to_string(it->second) + " and " + std::to_string(r) + " on " + host +
-              " both got the GPU at " + bus + "; give each rank its own (srun --gpus-per-task=1, or fewer ranks)";
-    }
-    if (!err.empty() && config_.device == "auto") {
-      if (root_) log::root_info("note: " + err.substr(err.find(':') + 2) + "; --device auto trains on the CPU");
-      return false;
-    }
-    comm_.raise_if_any(err);
-    return true;
-  }
-
-  // Collective (the same verdict everywhere). The model takes the samples (a forward of two of them in eval
-  // mode), and every label lies in [0, classes): each rank scans its share of the labels.
-  void check_data_fits_model() {
-    const int64_t width = agreed(comm_, [&] {
-      model_.module->eval();
-      const int64_t w = check_model_accepts(model_.forward, *train_set_, compute_);
-      model_.module->train();
-      if (config_.keep_best && !train_set_->spec().classification)
-        throw ConfigError("--keep-best keeps the checkpoint of the best test accuracy; " + train_set_->describe() +
-                          " has float targets (regression), which have none");
-      return w;
-    });
-    std::string err;
-    if (!train_set_->spec().classification) return;
-    for (const Dataset* d : {train_set_.get(), test_set_.get()}) {
-      if (!d) continue;
-      const int64_t n = d->size(), r = comm_.rank(), w = comm_.size();
-      int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
-      d->label_range(n * r / w, n * (r + 1) / w, lo, hi);
-      comm_.allreduce(&lo, 1, DType::kI64, ReduceOp::kMin);
-      comm_.allreduce(&hi, 1, DType::kI64, ReduceOp::kMax);
-      const int64_t classes = d->spec().num_classes > 0 ? d->spec().num_classes : width;
-      const std::string bound = d->spec().num_classes > 0 ? "the file's num_classes" : "the model's output width";
-      if (d->spec().num_classes > width)
-        err = d->label_source() + ": num_classes " + std::to_string(classes) + " but the model has " +
-              std::to_string(width) + " outputs";
-      else if (lo < 0 || hi >= classes)
-        err = d->label_source() + ": label " + std::to_string(lo < 0 ? lo : hi) + " outside [0, " +
-              std::to_string(classes) + ") (" + bound + ")";
-      comm_.raise_if_any(err);
-    }
   }
 
   // Collective. --resume auto: the newest checkpoint of the run dir that loads (none: a fresh start exactly
@@ -487,7 +247,10 @@ class Trainer {
           .add("saved_world_size", info.saved_world_size)
           .add("load_seconds", seconds_since(load_start));
     metrics_.write(start);
-    if (config_.keep_best) load_best();
+    if (config_.keep_best) {
+      best_ = std::make_unique<KeepBest>(config_.run_dir, config_.fsync, *ckpt_, comm_);
+      best_->load();
+    }
   }
 
   // Collective (the same verdict everywhere: every rank read the same /meta). --init-from starts a fresh run;
@@ -517,24 +280,6 @@ class Trainer {
     std::error_code ec;
     const bool same = std::filesystem::equivalent(a, b, ec);
     return ec ? a == b : same;
-  }
-
-  // Collective. --keep-best: RUN_DIR/best ("<file> <accuracy>") from an earlier run, kept by retention.
-  void load_best() {
-    std::string text;
-    if (root_) {
-      std::ifstream in(config_.run_dir + "/best");
-      std::getline(in, text);
-    }
-    text = comm_.broadcast_string(text, 0);
-    std::istringstream is(text);
-    std::string name;
-    double accuracy = -1;
-    if (is >> name >> accuracy && std::filesystem::exists(config_.run_dir + "/" + name)) {
-      best_file_ = name;
-      best_accuracy_ = accuracy;
-      ckpt_->set_keep_files({best_file_});
-    }
   }
 
   void report_resume(const ResumeInfo& info) {
@@ -595,39 +340,15 @@ class Trainer {
   }
 
   // Collective (the same verdict everywhere). After a resume the checkpoint's schedule continues with its
-  // horizon, so raising --epochs or --max-steps does not change the lr of the steps already planned; options
-  // that would change its shape are an error unless --replan-lr-schedule.
+  // horizon (continued_schedule); options that would change its shape are an error unless --replan-lr-schedule.
   void continue_schedule() {
-    const SchedulerState& s = info_.scheduler;
-    if (s.type.empty() || s.type == "none") return;  // a file without a schedule (import, library): ours
-    LrSchedule saved;
-    std::string err;
-    try {
-      saved = LrSchedule::from_state(s);
-    } catch (const Error& e) {
-      err = info_.path + ": " + e.what();
-    }
-    if (err.empty() && !saved.same_shape(schedule_))
-      err = "the checkpoint " + info_.path + " continues the lr schedule " + saved.describe() +
-            "; this run's options ask for " + schedule_.describe() +
-            ": pass --replan-lr-schedule to change it from step " + std::to_string(info_.step);
-    comm_.raise_if_any(err);
-    if (saved.type != "cosine") {  // only cosine depends on the horizon
-      saved.total_steps = schedule_.total_steps;
-    } else if (saved.total_steps != schedule_.total_steps && root_) {
-      log::root_info("note: the lr schedule keeps the checkpoint's horizon of " + std::to_string(saved.total_steps) +
-                     " steps (this run plans " + std::to_string(schedule_.total_steps) +
-                     (schedule_.total_steps > saved.total_steps
-                          ? "; steps past the horizon run at the schedule's end value, lr 0"
-                          : "") +
-                     "); --replan-lr-schedule plans it over this run");
-    }
-    schedule_ = saved;
+    std::string note;
+    schedule_ =
+        agreed(comm_, [&] { return continued_schedule(info_.scheduler, schedule_, info_.path, info_.step, &note); });
+    if (root_ && !note.empty()) log::root_info(note);
   }
 
-  bool done() const {
-    return ckpt_->step() >= total_steps_ || ckpt_->data().epoch >= config_.epochs;
-  }
+  bool done() const { return ckpt_->step() >= total_steps_ || ckpt_->data().epoch >= config_.epochs; }
 
   void train() {
     progress_ = std::make_unique<Progress>(root_, config_.progress, total_steps_, config_.log_every);
@@ -681,11 +402,7 @@ class Trainer {
     if (eval_due || outcome.save_due) ddp_->sync_buffers();  // rank 0's BatchNorm statistics everywhere
     std::optional<EvalResult> eval;
     if (eval_due) eval = evaluate_now();
-    // A new best is protected from retention from this step's save on (the old best is released by it).
-    const bool new_best = eval && config_.keep_best && eval->accuracy > best_accuracy_;
-    const std::vector<std::string> kept_before =
-        best_file_.empty() ? std::vector<std::string>{} : std::vector<std::string>{best_file_};
-    if (new_best) ckpt_->set_keep_files({format::checkpoint_file_name(step + 1)});
+    const bool new_best = eval && best_ && best_->offer(eval->accuracy, step + 1);
     if (outcome.save_due) {
       const auto save_start = Clock::now();
       auto save_guard = watch_.watch("checkpoint save", StallWatch::Kind::kSave, step + 1);
@@ -693,7 +410,12 @@ class Trainer {
       watch_.observe(StallWatch::Kind::kSave, seconds_since(save_start));
       record_save();
     }
-    if (new_best) keep_as_best(eval->accuracy, kept_before);
+    if (new_best)
+      best_->commit([&] {
+        auto save_guard = watch_.watch("best checkpoint save", StallWatch::Kind::kSave, ckpt_->step());
+        ckpt_->save();
+        record_save();
+      });
     interval_start_ += Clock::now() - pause_start;
     if (outcome.stop) return false;
     if (config_.step_sleep_ms > 0) {  // stands for compute in tests: watched like the step it stands for
@@ -753,37 +475,6 @@ class Trainer {
       std::fflush(stdout);
     }
     return r;
-  }
-
-  // Collective. --keep-best: the checkpoint of this step (saved now unless it is) becomes the best one, named in
-  // RUN_DIR/best once committed. If the save failed (--on-save-error continue), the previous best stays.
-  void keep_as_best(double accuracy, const std::vector<std::string>& kept_before) {
-    if (ckpt_->last_saved_step() != ckpt_->step()) {
-      auto save_guard = watch_.watch("best checkpoint save", StallWatch::Kind::kSave, ckpt_->step());
-      ckpt_->save();
-      record_save();
-    }
-    ckpt_->wait();  // `best` names a committed file only
-    if (ckpt_->last_saved_step() != ckpt_->step()) {
-      ckpt_->set_keep_files(kept_before);
-      return;
-    }
-    best_accuracy_ = accuracy;
-    best_file_ = format::checkpoint_file_name(ckpt_->step());
-    if (root_) write_best_pointer();
-    comm_.barrier();
-  }
-
-  // Rank 0. RUN_DIR/best = "<file> <accuracy>", moved like `latest` (write_run_dir_pointer). A failure is reported:
-  // the best checkpoint itself is committed either way.
-  void write_best_pointer() const {
-    char line[512];
-    std::snprintf(line, sizeof line, "%s %.6f\n", best_file_.c_str(), best_accuracy_);
-    try {
-      write_run_dir_pointer(config_.run_dir, "best", line, config_.fsync);
-    } catch (const Error& e) {
-      log::warn(std::string("--keep-best: ") + e.what());
-    }
   }
 
   // Rank 0's metrics: a "train" record every metrics_interval_ steps (mean loss over the interval).
@@ -878,32 +569,18 @@ class Trainer {
     std::fflush(stdout);
   }
 
-  // The command that continues this run: the launch script's own line when one set H5DDP_RESUME_HINT
-  // (jobs/train-local.sh), else mpirun with what this machine needs (root, more ranks than cores) and this
-  // run's options less --resume/--init-from, which would start over or go back to an older step.
   void print_next_commands(const std::string& ckpt) const {
-    const auto& argv = config_.command_line;
-    std::vector<std::string> command{argv.empty() ? std::string("h5ddp-train") : argv[0]};
-    if (!argv.empty()) {
-      const std::vector<std::string> kept =
-          without_options(std::vector<std::string>(argv.begin() + 1, argv.end()), {"--resume", "--init-from"});
-      command.insert(command.end(), kept.begin(), kept.end());
-    }
-    const std::string dir = std::filesystem::path(command[0]).parent_path().string();
-    std::string launch;
-    if (const char* hint = std::getenv("H5DDP_RESUME_HINT"); hint && *hint) {
-      launch = hint;
-    } else {
-      std::vector<std::string> mpirun{"mpirun", "-np", std::to_string(comm_.size())};
-      if (::geteuid() == 0) mpirun.push_back("--allow-run-as-root");
-      if (config_.local_size > static_cast<int>(std::thread::hardware_concurrency()))
-        mpirun.push_back("--oversubscribe");
-      mpirun.insert(mpirun.end(), command.begin(), command.end());
-      launch = shell_join(mpirun);
-    }
+    ResumeHintFacts facts;
+    facts.argv = config_.command_line;
+    facts.world_size = comm_.size();
+    facts.root_user = ::geteuid() == 0;
+    facts.oversubscribed = config_.local_size > static_cast<int>(std::thread::hardware_concurrency());
+    if (const char* hint = std::getenv("H5DDP_RESUME_HINT")) facts.launcher_hint = hint;
+    const std::string program = facts.argv.empty() ? std::string("h5ddp-train") : facts.argv[0];
+    const std::string dir = std::filesystem::path(program).parent_path().string();
     std::printf("checkpoint: %s\n", ckpt.c_str());
     std::printf("resume (newest checkpoint of the run dir; raise --epochs/--max-steps to train further):\n  %s\n",
-                launch.c_str());
+                resume_command(facts).c_str());
     std::printf("inspect:\n  %s info %s\n", shell_join({(dir.empty() ? "" : dir + "/") + "h5ddp-ckpt"}).c_str(),
                 shell_join({ckpt}).c_str());
   }
@@ -933,8 +610,7 @@ class Trainer {
   int64_t interval_steps_ = 0;
   Clock::time_point interval_start_;
   int64_t recorded_save_step_ = -1;  // the last save written to the metrics log
-  std::string best_file_;            // --keep-best: the best checkpoint's file name and score
-  double best_accuracy_ = -1;
+  std::unique_ptr<KeepBest> best_;   // --keep-best
 };
 
 }  // namespace
