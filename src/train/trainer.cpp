@@ -261,18 +261,20 @@ class Trainer {
     const auto it = info.meta.find(kInitFromMeta);
     const std::string started_from = it == info.meta.end() ? "" : it->second;
     if (!started_from.empty()) ckpt_->set_meta(kInitFromMeta, started_from);  // provenance kept by later saves
-    if (config_.init_from.empty() || same_file(started_from, config_.init_from)) {
-      if (root_ && !config_.init_from.empty())
-        log::root_info("--init-from " + config_.init_from + ": " + info.path +
-                       " continues the run started from it; resuming that checkpoint");
-      return;
-    }
-    throw_agreed(ConfigError(
-        "--init-from " + config_.init_from + " starts a fresh run, but the run dir " + config_.run_dir +
-        " already holds checkpoints: --resume auto found " + info.path +
-        (started_from.empty() ? " (not started from an --init-from file)" : " (started from " + started_from + ")") +
-        ". Give the fine-tune its own --run-dir, or pass --resume none to start over in this one from " +
-        config_.init_from));
+    if (config_.init_from.empty()) return;
+    // Agreed: same_file asks each rank's view of the file system, which need not be the same on every node.
+    agreed(comm_, [&] {
+      if (same_file(started_from, config_.init_from)) return;
+      throw ConfigError(
+          "--init-from " + config_.init_from + " starts a fresh run, but the run dir " + config_.run_dir +
+          " already holds checkpoints: --resume auto found " + info.path +
+          (started_from.empty() ? " (not started from an --init-from file)" : " (started from " + started_from + ")") +
+          ". Give the fine-tune its own --run-dir, or pass --resume none to start over in this one from " +
+          config_.init_from);
+    });
+    if (root_)
+      log::root_info("--init-from " + config_.init_from + ": " + info.path +
+                     " continues the run started from it; resuming that checkpoint");
   }
 
   static bool same_file(const std::string& a, const std::string& b) {
