@@ -23,6 +23,7 @@ PUBLIC = {
     "checkpoint": "checkpoint", "train_state": "checkpoint",
     "bucketing": "ddp", "ddp": "ddp",
     "checkpointer": "torch", "sampler": "torch", "script_module": "torch", "stop_signal": "torch",
+    "sharded_optimizer": "torch", "h5ddp": "torch",
 }
 
 

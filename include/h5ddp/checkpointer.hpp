@@ -36,6 +36,8 @@
 
 namespace h5ddp {
 
+class ShardedOptimizer;  // h5ddp/sharded_optimizer.hpp
+
 struct CheckpointerOptions {
   std::string run_dir = "run";   // ckpt-<step>.h5 files and `latest`; created when missing
   int64_t every_steps = 0;       // save when step % every_steps == 0 (0: off)
@@ -49,7 +51,8 @@ struct CheckpointerOptions {
   // A failed periodic save is reported on rank 0 and retried at the next trigger (the previous checkpoint
   // and `latest` stay as they were); false: it throws. Final and signal saves always throw.
   bool continue_on_save_error = false;
-  // ZeRO-1 (DdpOptions::shard_optimizer): the optimizer holds only this rank's parameters. Each rank saves the
+  // ZeRO-1 (DdpOptions::shard_optimizer; set by the ShardedOptimizer constructor): the optimizer holds only this
+  // rank's parameters. Each rank saves the
   // state it holds into the same file a replicated run writes, and a resume on any number of ranks, sharded
   // or not, loads into each rank exactly the state of the parameters its optimizer holds.
   bool shard_optimizer = false;
@@ -93,6 +96,8 @@ class Checkpointer {
   // an optimizer other than Adam, AdamW or SGD.
   Checkpointer(Comm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                CheckpointerOptions options = {});
+  // Collective. ZeRO-1: the optimizer of a ShardedOptimizer (options.shard_optimizer is set from it).
+  Checkpointer(Comm& comm, torch::nn::Module& model, ShardedOptimizer& optimizer, CheckpointerOptions options = {});
   // Waits for a background save (a committed checkpoint is never abandoned); never throws.
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;

@@ -2,7 +2,7 @@
 // Gradients are averaged over ranks in buckets (see bucketing.hpp); each bucket's allreduce starts as soon
 // as autograd has produced all of its gradients, so communication overlaps the rest of backward.
 //
-//   DistributedDataParallel ddp(model, comm);
+//   DistributedDataParallel ddp(comm, *model);     // the Checkpointer's order: (comm, model, ..., options)
 //   for (...) { ddp.prepare_forward(); auto loss = f(model->forward(x)); loss.backward();
 //               ddp.finish_backward(); optimizer.step(); optimizer.zero_grad(); }
 //
@@ -57,15 +57,16 @@ class DistributedDataParallel {
  public:
   // Collective: checks every rank built the same model (names, shapes, dtypes; DisagreementError naming the
   // first differing parameter and the ranks, on ALL ranks), broadcasts parameters and buffers from rank 0,
-  // builds buckets, registers autograd hooks. `comm` must outlive this object.
-  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, Comm& comm, DdpOptions options = {});
+  // builds buckets, registers autograd hooks. `comm` and `module` must outlive this object (not owned, as in the
+  // Checkpointer, whose constructor takes its arguments in the same order).
+  DistributedDataParallel(Comm& comm, torch::nn::Module& module, DdpOptions options = {});
   // Removes the autograd hooks. Not collective. Does not throw.
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
   torch::nn::Module& module() { return *module_; }
-  const std::shared_ptr<torch::nn::Module>& module_ptr() const { return module_; }
+  const DdpOptions& options() const { return options_; }
 
   // Collective when broadcast_buffers (outside no_sync): broadcasts buffers from rank 0. Arms the reducer
   // for the coming backward. Call before every forward whose backward should synchronise.
@@ -138,7 +139,7 @@ class DistributedDataParallel {
   Comm& comm_for(const torch::Device& device) const;
   void raise_unused(const std::vector<size_t>& unused_local);
 
-  std::shared_ptr<torch::nn::Module> module_;
+  torch::nn::Module* module_;
   Comm& comm_;
   DdpOptions options_;
   std::vector<torch::Tensor> params_;

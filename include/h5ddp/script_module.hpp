@@ -3,7 +3,7 @@
 // buffers by the names of the Python module's state_dict() ("layer1.0.conv1.weight", "bn.running_mean", ...).
 //
 //   auto model = h5ddp::ScriptModule::load("model.pt");
-//   h5ddp::DistributedDataParallel ddp(model, comm);
+//   h5ddp::DistributedDataParallel ddp(comm, *model);
 //   torch::optim::Adam opt(model->parameters(), 1e-3);
 //   auto logits = model->forward(x);
 //

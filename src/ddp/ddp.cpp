@@ -115,10 +115,8 @@ struct DistributedDataParallel::Bucket {
   Comm* comm = nullptr;
 };
 
-DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, Comm& comm,
-                                                 DdpOptions options)
-    : module_(std::move(module)), comm_(comm), options_(options) {
-  H5DDP_CHECK(module_ != nullptr, "DistributedDataParallel: module is null");
+DistributedDataParallel::DistributedDataParallel(Comm& comm, torch::nn::Module& module, DdpOptions options)
+    : module_(&module), comm_(comm), options_(options) {
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) {
       buffers_.push_back(item.value());  // frozen parameters are only kept identical, like buffers

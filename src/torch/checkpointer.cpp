@@ -10,6 +10,7 @@
 #include "checkpoint/async_checkpoint.hpp"
 #include "checkpoint/format.hpp"
 #include "core/log.hpp"
+#include "h5ddp/sharded_optimizer.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/stop_signal.hpp"
 #include "torch/torch_state.hpp"
@@ -193,6 +194,17 @@ Checkpointer::Checkpointer(Comm& comm, torch::nn::Module& model, torch::optim::O
     impl_->signals = true;
   }
 }
+
+namespace {
+CheckpointerOptions sharded(CheckpointerOptions options) {
+  options.shard_optimizer = true;
+  return options;
+}
+}  // namespace
+
+Checkpointer::Checkpointer(Comm& comm, torch::nn::Module& model, ShardedOptimizer& optimizer,
+                           CheckpointerOptions options)
+    : Checkpointer(comm, model, optimizer.local(), sharded(std::move(options))) {}
 
 Checkpointer::~Checkpointer() {
   impl_->async.reset();  // waits for a save in flight; logs, never throws

@@ -124,4 +124,12 @@ int64_t check_model_accepts(const Forward& forward, const Dataset& data, const C
   return width;
 }
 
+ScoreSums score_distributed(const Forward& forward, const Dataset& data, Comm& comm, const Compute& compute) {
+  const int64_t n = data.size(), r = comm.rank(), w = comm.size();
+  const ScoreSums s = score_rows(forward, data, n * r / w, n * (r + 1) / w, 1000, compute);
+  double sums[2] = {s.correct, s.loss};
+  comm.allreduce(sums, 2, DType::kF64, ReduceOp::kSum);
+  return ScoreSums{sums[0], sums[1], static_cast<double>(n)};
+}
+
 }  // namespace h5ddp

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "h5ddp/comm.hpp"
 #include "train/dataset.hpp"
 
 namespace h5ddp {
@@ -52,6 +53,10 @@ class AutocastScope {
 // Local. Scores rows [begin, end) of `data` (the caller sets eval mode; no grad here), `batch` rows at a time.
 ScoreSums score_rows(const Forward& forward, const Dataset& data, int64_t begin, int64_t end, int64_t batch = 1000,
                      const Compute& compute = {});
+
+// Collective. Each rank scores a contiguous share of `data` (score_rows, 1000 rows at a time); one allreduce
+// sums the shares, so every rank returns the sums over the whole of `data` (rows = data.size()).
+ScoreSums score_distributed(const Forward& forward, const Dataset& data, Comm& comm, const Compute& compute = {});
 
 // Local. Checks that `forward` takes `data`'s samples and returns what its labels or targets need (one row of
 // logits per sample; targets of the right width). Returns the model's output width (classes for

@@ -352,4 +352,23 @@ bool h5_dataset_has_split(const std::string& path, const std::string& split) {
   return h5::exists(file, "/" + split);
 }
 
+TrainData open_train_data(const std::string& data_file, const std::string& data_dir, bool with_test) {
+  TrainData d;
+  if (!data_file.empty()) {
+    d.train = open_h5_dataset(data_file, "train");
+    if (with_test) {
+      if (!h5_dataset_has_split(data_file, "test"))
+        throw DataError("--data " + data_file + " /test: missing; evaluation needs it (or pass --no-eval)");
+      d.test = open_h5_dataset(data_file, "test");
+    }
+  } else {
+    d.train = images_dataset(read_fashion_mnist(data_dir, "train"), "fashion-mnist train");
+    if (with_test) d.test = images_dataset(read_fashion_mnist(data_dir, "t10k"), "fashion-mnist t10k");
+  }
+  if (d.test && d.test->spec().shape != d.train->spec().shape)
+    throw DataError("--data " + data_file + ": /test samples are " + d.test->spec().shape_text() +
+                    " but /train samples are " + d.train->spec().shape_text());
+  return d;
+}
+
 }  // namespace h5ddp

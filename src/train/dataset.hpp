@@ -57,4 +57,13 @@ std::unique_ptr<Dataset> open_h5_dataset(const std::string& path, const std::str
 // Local. Whether `path` holds split "test" (an evaluation needs it).
 bool h5_dataset_has_split(const std::string& path, const std::string& split);
 
+// h5ddp-train's data: --data FILE.h5 (each rank later reads only the rows of its batches) or Fashion-MNIST from
+// --data-dir (every rank holds the whole, small, set).
+struct TrainData {
+  std::unique_ptr<Dataset> train;
+  std::unique_ptr<Dataset> test;  // null unless `with_test`
+};
+// Local. Throws DataError when the test split is missing (with_test) or its samples differ from train's.
+TrainData open_train_data(const std::string& data_file, const std::string& data_dir, bool with_test);
+
 }  // namespace h5ddp

@@ -96,4 +96,16 @@ LrSchedule continued_schedule(const SchedulerState& s, const LrSchedule& planned
   return saved;
 }
 
+LrSchedule schedule_for(const std::string& type, double base_lr, int64_t step_size, double gamma, int64_t warmup_steps,
+                        int64_t steps_per_epoch, int64_t total_steps) {
+  LrSchedule s;
+  s.type = type;
+  s.base_lr = base_lr;
+  s.step_size = step_size > 0 ? step_size : steps_per_epoch;
+  s.gamma = gamma;
+  s.total_steps = total_steps;
+  s.warmup_steps = warmup_steps;
+  return s;
+}
+
 }  // namespace h5ddp

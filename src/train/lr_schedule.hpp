@@ -36,6 +36,10 @@ struct LrSchedule {
 // `planned` itself when the file records none (an import, a library writer). Throws ConfigError, naming `path`
 // and --replan-lr-schedule, when the shapes differ; CheckpointError when `saved` cannot be read. `note`: set when
 // a kept cosine horizon differs from the planned one (the line to show the user).
+// Local, pure. The schedule h5ddp-train's options ask for over `total_steps` (--lr-step-size 0: one epoch).
+LrSchedule schedule_for(const std::string& type, double base_lr, int64_t step_size, double gamma, int64_t warmup_steps,
+                        int64_t steps_per_epoch, int64_t total_steps);
+
 LrSchedule continued_schedule(const SchedulerState& saved, const LrSchedule& planned, const std::string& path,
                               int64_t step, std::string* note);
 

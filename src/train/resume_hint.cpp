@@ -1,5 +1,10 @@
 #include "train/resume_hint.hpp"
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <thread>
+
 namespace h5ddp {
 
 std::string shell_join(const std::vector<std::string>& words) {
@@ -43,6 +48,16 @@ std::string resume_command(const ResumeHintFacts& f) {
     words.insert(words.end(), kept.begin(), kept.end());
   }
   return shell_join(words);
+}
+
+ResumeHintFacts this_process_facts(const std::vector<std::string>& argv, int world_size, int local_size) {
+  ResumeHintFacts facts;
+  facts.argv = argv;
+  facts.world_size = world_size;
+  facts.root_user = ::geteuid() == 0;
+  facts.oversubscribed = local_size > static_cast<int>(std::thread::hardware_concurrency());
+  if (const char* hint = std::getenv("H5DDP_RESUME_HINT")) facts.launcher_hint = hint;
+  return facts;
 }
 
 }  // namespace h5ddp

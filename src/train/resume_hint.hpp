@@ -26,4 +26,8 @@ struct ResumeHintFacts {
 // or go back to an older step).
 std::string resume_command(const ResumeHintFacts& facts);
 
+// Local. The facts of this process: `argv`, `world_size`, whether it runs as root, whether `local_size` ranks
+// oversubscribe this host's cores, and H5DDP_RESUME_HINT.
+ResumeHintFacts this_process_facts(const std::vector<std::string>& argv, int world_size, int local_size);
+
 }  // namespace h5ddp

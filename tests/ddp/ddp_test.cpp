@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "h5ddp/error.hpp"
+#include "h5ddp/sharded_optimizer.hpp"
 #include "test_util.hpp"
 
 namespace h5ddp {
@@ -79,18 +80,26 @@ std::unique_ptr<torch::optim::Optimizer> make_opt(const std::vector<torch::Tenso
   return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
 }
 
-// With options.shard_optimizer the optimizer holds this rank's parameters only and gather_parameters()
-// follows each step (ZeRO-1); the result must still be the large-batch reference's.
+// With options.shard_optimizer a ShardedOptimizer holds this rank's parameters only and its step() gathers the
+// others' (ZeRO-1); the result must still be the large-batch reference's.
 void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, double tol) {
   auto& comm = test::world();
   const int n = comm.size(), r = comm.rank();
   const int64_t b = 3;
   torch::manual_seed(1000 + r);  // ranks start different: the constructor's broadcast must fix that
   TinyNet model(16, false, dtype);
-  DistributedDataParallel ddp(model.ptr(), comm, options);
+  DistributedDataParallel ddp(comm, *model, options);
   TinyNet ref(16, false, dtype);
   copy_params(*model, *ref);
-  auto opt = make_opt(ddp.owned_parameters(), opt_kind);
+  std::unique_ptr<ShardedOptimizer> sharded_opt;
+  std::unique_ptr<torch::optim::Optimizer> plain_opt;
+  if (options.shard_optimizer)
+    sharded_opt = std::make_unique<ShardedOptimizer>(ddp, [&](std::vector<torch::Tensor> p) {
+      return make_opt(p, opt_kind);
+    });
+  else
+    plain_opt = make_opt(ddp.owned_parameters(), opt_kind);
+  torch::optim::Optimizer& opt = sharded_opt ? sharded_opt->local() : *plain_opt;
   auto ref_opt = make_opt(ref->parameters(), opt_kind);
 
   for (int step = 0; step < 20; ++step) {
@@ -99,9 +108,13 @@ void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, doubl
     auto loss = torch::mse_loss(model->forward(x.narrow(0, r * b, b)), y.narrow(0, r * b, b));
     loss.backward();
     ddp.finish_backward();
-    opt->step();
-    if (options.shard_optimizer) ddp.gather_parameters();
-    opt->zero_grad();
+    if (sharded_opt) {
+      sharded_opt->step();  // gathers
+      sharded_opt->zero_grad();
+    } else {
+      opt.step();
+      opt.zero_grad();
+    }
 
     torch::mse_loss(ref->forward(x), y).backward();
     ref_opt->step();
@@ -115,7 +128,7 @@ void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, doubl
   EXPECT_EQ(ddp.stats().buckets_launched, 20u * ddp.buckets().size());
   if (options.shard_optimizer) {
     // Each parameter's state on exactly one rank, and this rank's on its own parameters only.
-    int64_t held = static_cast<int64_t>(opt->state().size());
+    int64_t held = static_cast<int64_t>(opt.state().size());
     EXPECT_EQ(held, static_cast<int64_t>(ddp.owned_parameters().size()));
     comm.allreduce(&held, 1, DType::kI64, ReduceOp::kSum);
     EXPECT_EQ(held, static_cast<int64_t>(model->parameters().size()));
@@ -156,11 +169,19 @@ TEST(Ddp, ShardedSgdMomentumMatchesLargeBatchFloat64) {
   run_equivalence(Opt::kSgdMomentum, sharded(DdpOptions{}), torch::kFloat64, 1e-6);
 }
 
+TEST(Ddp, ShardedOptimizerRefusesAReplicatedDdp) {
+  auto& comm = test::world();
+  TinyNet model;
+  DistributedDataParallel ddp(comm, *model);
+  EXPECT_THROW(ShardedOptimizer(ddp, [](std::vector<torch::Tensor> p) { return make_opt(p, Opt::kAdam); }),
+               ConfigError);
+}
+
 // Shards are whole parameters balanced by bytes, the same on every rank; owners lay out each bucket by rank.
 TEST(Ddp, ShardOwnersAreBalancedAndAgreed) {
   auto& comm = test::world();
   TinyNet model(64);
-  DistributedDataParallel ddp(model.ptr(), comm, sharded(small_buckets()));
+  DistributedDataParallel ddp(comm, *model, sharded(small_buckets()));
   const auto& owners = ddp.parameter_owners();
   ASSERT_EQ(owners.size(), ddp.parameters().size());
   uint64_t h = 0;
@@ -177,7 +198,7 @@ TEST(Ddp, ShardOwnersAreBalancedAndAgreed) {
 TEST(Ddp, BucketsLaunchDuringBackward) {
   auto& comm = test::world();
   TinyNet model;
-  DistributedDataParallel ddp(model.ptr(), comm, small_buckets());
+  DistributedDataParallel ddp(comm, *model, small_buckets());
   ASSERT_GE(ddp.buckets().size(), 3u);
   // The first bucket holds the last-registered parameters (reverse order).
   EXPECT_EQ(ddp.buckets().front().params.front(), ddp.parameters().size() - 1);
@@ -195,7 +216,7 @@ TEST(Ddp, DifferentModelRaisesOnAllRanks) {
   const bool odd_one = comm.rank() == comm.size() - 1;
   TinyNet model(odd_one ? 17 : 16);
   try {
-    DistributedDataParallel ddp(model.ptr(), comm);
+    DistributedDataParallel ddp(comm, *model);
     ADD_FAILURE() << "no error on rank " << comm.rank();
   } catch (const DisagreementError& e) {
     const std::string msg = e.what();
@@ -213,7 +234,7 @@ TEST(Ddp, NoSyncAccumulationEqualsLargeBatch) {
   const int64_t b = 2, micro = 3;
   torch::manual_seed(7 + r);
   TinyNet model(16, false, torch::kFloat64);
-  DistributedDataParallel ddp(model.ptr(), comm, small_buckets());
+  DistributedDataParallel ddp(comm, *model, small_buckets());
   TinyNet ref(16, false, torch::kFloat64);
   copy_params(*model, *ref);
   for (int step = 0; step < 2; ++step) {  // twice: the second step accumulates into bucket views
@@ -256,7 +277,7 @@ TEST(Ddp, BuffersBroadcastFromRankZero) {
   const int r = comm.rank();
   torch::manual_seed(100 + r);
   TinyNet model(16, /*with_bn=*/true);
-  DistributedDataParallel ddp(model.ptr(), comm);
+  DistributedDataParallel ddp(comm, *model);
   auto stats_hash = [&] {
     auto m = model->bn->running_mean.contiguous();
     uint64_t h = 0;
@@ -286,7 +307,7 @@ TEST(Ddp, BuffersBroadcastFromRankZero) {
 TEST(Ddp, UnusedParameterIsAnErrorNamingIt) {
   auto& comm = test::world();
   TinyNet model;
-  DistributedDataParallel ddp(model.ptr(), comm);
+  DistributedDataParallel ddp(comm, *model);
   auto x = torch::randn({4, 8});
   // Unused only on the last rank: every rank must still get the error (and nobody hangs).
   const bool skip = comm.rank() == comm.size() - 1;
@@ -314,7 +335,7 @@ TEST(Ddp, FindUnusedParametersMatchesReference) {
   o.find_unused_parameters = true;
   torch::manual_seed(3);
   TinyNet model(16, false, torch::kFloat64);
-  DistributedDataParallel ddp(model.ptr(), comm, o);
+  DistributedDataParallel ddp(comm, *model, o);
   TinyNet ref(16, false, torch::kFloat64);
   copy_params(*model, *ref);
   auto [x, y] = full_batch(0, 2 * n, torch::kFloat64);
@@ -330,7 +351,7 @@ TEST(Ddp, FindUnusedParametersMatchesReference) {
 
   // Unused on every rank: the undefined .grad of a fresh model stays undefined, as in PyTorch.
   TinyNet fresh(16, false, torch::kFloat64);
-  DistributedDataParallel ddp2(fresh.ptr(), comm, o);
+  DistributedDataParallel ddp2(comm, *fresh, o);
   ddp2.prepare_forward();
   fresh->forward(x, false).sum().backward();
   ddp2.finish_backward();
@@ -341,7 +362,7 @@ TEST(Ddp, FindUnusedParametersMatchesReference) {
 TEST(Ddp, BackwardWithoutPrepareForwardIsAnError) {
   auto& comm = test::world();
   TinyNet model;
-  DistributedDataParallel ddp(model.ptr(), comm);
+  DistributedDataParallel ddp(comm, *model);
   EXPECT_THROW(model->forward(torch::randn({2, 8})).sum().backward(), std::exception);
 }
 

@@ -1,10 +1,13 @@
 // The trainer's pure components, without a training run: the progress line, the resume hint, the lr schedules
-// and their continuation on resume, the stall watch's limits.
+// and their continuation on resume, the stall watch's limits, the run log and console text, the run start's
+// batch check.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -12,6 +15,8 @@
 #include "train/lr_schedule.hpp"
 #include "train/progress.hpp"
 #include "train/resume_hint.hpp"
+#include "train/run_log.hpp"
+#include "train/run_start.hpp"
 #include "train/stall_watch.hpp"
 
 namespace h5ddp {
@@ -174,6 +179,119 @@ TEST(StallWatch, LimitsConfiguredAutoAndOff) {
   automatic.observe(StallWatch::Kind::kSave, 100);  // 10x the slowest save
   EXPECT_DOUBLE_EQ(automatic.limit(StallWatch::Kind::kStep), 600);
   EXPECT_DOUBLE_EQ(automatic.limit(StallWatch::Kind::kSave), 1000);
+}
+
+TEST(LrSchedule, ScheduleForOptionsStepSizeDefaultsToAnEpoch) {
+  const LrSchedule s = schedule_for("step", 0.1, 0, 0.5, 2, 30, 100);
+  EXPECT_EQ(s.type, "step");
+  EXPECT_EQ(s.step_size, 30);
+  EXPECT_EQ(s.total_steps, 100);
+  EXPECT_EQ(s.warmup_steps, 2);
+  EXPECT_EQ(schedule_for("step", 0.1, 7, 0.5, 0, 30, 100).step_size, 7);
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+struct TempDir {
+  std::string path = [] {
+    char t[] = "/tmp/h5ddp-runlog-XXXXXX";
+    return std::string(mkdtemp(t));
+  }();
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+TEST(RunLog, TrainRecordsEveryIntervalWithTheIntervalsMeanLossAndEachSaveOnce) {
+  TempDir dir;
+  RunLog log(dir.path, true);
+  log.set_interval(2);
+  log.start(0, 2);
+  log.train(1, 0, 1.0, 0.1, 64, false);
+  log.train(2, 0, 3.0, 0.1, 64, false);  // record: mean of 1 and 3
+  log.train(3, 0, 5.0, 0.1, 64, true);   // the last step records whatever the interval
+  SaveRecord save{3, "run/ckpt-00000003.h5", true, 0.01, 0, 1000};
+  log.save(save);
+  log.save(save);  // the same save again (stop after a final save): not twice
+  log.stop(3, 75, "run/ckpt-00000003.h5");
+  const auto lines = lines_of(dir.path + "/metrics.jsonl");
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_NE(lines[0].find("\"event\":\"start\""), std::string::npos);
+  EXPECT_NE(lines[1].find("\"step\":2"), std::string::npos);
+  EXPECT_NE(lines[1].find("\"loss\":2,"), std::string::npos) << lines[1];
+  EXPECT_NE(lines[2].find("\"step\":3"), std::string::npos);
+  EXPECT_NE(lines[2].find("\"loss\":5,"), std::string::npos) << lines[2];
+  EXPECT_NE(lines[3].find("\"seconds\":null"), std::string::npos) << lines[3];  // async: known when it commits
+  EXPECT_NE(lines[4].find("\"signal\":\"SIGUSR1/SIGTERM\""), std::string::npos) << lines[4];
+  EXPECT_EQ(metrics_step_of(lines[4]), 3);
+  RunLog other_rank(dir.path, false);  // disabled: writes nothing
+  other_rank.start(0, 2);
+  EXPECT_EQ(lines_of(dir.path + "/metrics.jsonl").size(), 5u);
+}
+
+TEST(RunLog, EndRecordCarriesTheTestResultOnlyWhenEvaluated) {
+  TempDir dir;
+  RunLog log(dir.path, true);
+  const EvalResult regression{-1, 0.25};
+  log.end(10, 1, 2.5, &regression);
+  log.end(10, 1, 2.5, nullptr);
+  const auto lines = lines_of(dir.path + "/metrics.jsonl");
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0].find("test_accuracy"), std::string::npos);
+  EXPECT_NE(lines[0].find("\"test_loss\":0.25"), std::string::npos) << lines[0];
+  EXPECT_EQ(lines[1].find("test_loss"), std::string::npos);
+}
+
+TEST(Console, EvalStopAndResumeLines) {
+  EXPECT_EQ(console::eval_line(40, EvalResult{0.8712, 0.36}, 10000),
+            "eval at step 40: test accuracy 87.12%, loss 0.3600 on 10000 samples");
+  EXPECT_EQ(console::eval_line(40, EvalResult{-1, 0.5}, 100),
+            "eval at step 40: test loss (mean squared error) 0.5 on 100 samples");
+  EXPECT_EQ(console::stopped_line(7, "r/ckpt-00000007.h5", 75),
+            "stopped by a signal at step 7; saved r/ckpt-00000007.h5; exit code 75 (requeue me)");
+  EXPECT_NE(console::stopped_line(7, "x", 130).find("(interrupted)"), std::string::npos);
+  EXPECT_EQ(console::resumed_line("r/c.h5", 12, 0, 768, 2, 4, false),
+            "resumed from r/c.h5 at step 12, epoch 1, sample 768 (saved at 2 ranks, now 4; ranks beyond the saved "
+            "world size got derived RNG streams)");
+  EXPECT_NE(console::nothing_to_train("f.h5", 50, 1, 50, 3).find("already at --max-steps 50"), std::string::npos);
+  EXPECT_NE(console::nothing_to_train("f.h5", 50, 3, 0, 3).find("already at --epochs 3"), std::string::npos);
+}
+
+TEST(Console, SummaryNamesTheCheckpointAndTheNextCommands) {
+  console::Summary s;
+  s.step = 20;
+  s.epoch = 3;  // one past the last: shown as the epochs asked for
+  s.epochs = 2;
+  s.train_seconds = 1.25;
+  s.world_size = 2;
+  s.evaluated = true;
+  s.eval = EvalResult{0.5, 1};
+  s.test_samples = 10;
+  s.checkpoint = "runs/a b/ckpt-00000020.h5";
+  s.resume_command = "mpirun -np 2 build/h5ddp-train";
+  s.program = "build/h5ddp-train";
+  const std::string text = console::summary(s);
+  EXPECT_NE(text.find("trained to step 20 (2 of 2 epochs complete) in 1.2 s at 2 ranks\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("test accuracy: 50.00% on 10 images\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\n  mpirun -np 2 build/h5ddp-train\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("build/h5ddp-ckpt info 'runs/a b/ckpt-00000020.h5'"), std::string::npos) << text;
+  s.checkpoint.clear();  // nothing saved: no next commands
+  EXPECT_EQ(console::summary(s).find("resume"), std::string::npos);
+}
+
+TEST(RunStart, GlobalBatchMustSplitOverRanksAndMicroBatches) {
+  EXPECT_EQ(global_batch_problem(64, 2, 4), "");
+  const std::string odd = global_batch_problem(63, 2, 1, "the global batch of f.h5");
+  EXPECT_NE(odd.find("(the global batch of f.h5)"), std::string::npos) << odd;
+  EXPECT_EQ(global_batch_problem(64, 2, 3),
+            "--grad-accum 3 does not divide the 32 samples per rank of the global batch 64 at 2 ranks");
+  EXPECT_TRUE(same_file("/tmp", "/tmp/"));
+  EXPECT_FALSE(same_file("", ""));
+  EXPECT_TRUE(same_file("no/such/file", "no/such/file"));  // unresolvable: the text decides
 }
 
 }  // namespace

@@ -170,7 +170,7 @@ int run(const Options& o, MpiEnv& env) {
 
   DdpOptions dopt;
   dopt.bucket_cap_bytes = o.bucket_cap_mb << 20;
-  DistributedDataParallel ddp(model, *comm, dopt);
+  DistributedDataParallel ddp(*comm, *model, dopt);
   // (b) DDP step.
   const double t_ddp = time_steps(*comm, o.warmup, o.steps, [&] {
     double t = now();

@@ -5,11 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
-#include <h5ddp/checkpointer.hpp>
-#include <h5ddp/ddp.hpp>
-#include <h5ddp/mpi_comm.hpp>
-#include <h5ddp/mpi_env.hpp>
-#include <h5ddp/sampler.hpp>
+#include <h5ddp/h5ddp.hpp>
 #include <string>
 #include <thread>
 
@@ -25,7 +21,7 @@ int train(h5ddp::Comm& comm, int argc, char** argv) {
   const torch::Tensor x = torch::randn({4096, 16}), y = x.slice(1, 0, 4).argmax(1);
   auto model = std::make_shared<Net>();
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
-  h5ddp::DistributedDataParallel ddp(model, comm);
+  h5ddp::DistributedDataParallel ddp(comm, *model);
   torch::Tensor ema = torch::cat({model->fc2->weight.flatten(), model->fc2->bias}).detach().clone();
   double loss_mean = 0;
   h5ddp::CheckpointerOptions options;

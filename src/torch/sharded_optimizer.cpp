@@ -1,0 +1,25 @@
+#include "h5ddp/sharded_optimizer.hpp"
+
+#include "h5ddp/error.hpp"
+
+namespace h5ddp {
+
+ShardedOptimizer::ShardedOptimizer(DistributedDataParallel& ddp, const Factory& make) : ddp_(ddp) {
+  if (!ddp.options().shard_optimizer)
+    throw ConfigError(
+        "ShardedOptimizer: the DistributedDataParallel was built without DdpOptions::shard_optimizer, so every "
+        "rank holds every gradient; set it (ZeRO-1) or use a plain optimizer over model->parameters()");
+  local_ = make(ddp.owned_parameters());
+  if (local_ == nullptr) throw ConfigError("ShardedOptimizer: the optimizer factory returned null");
+}
+
+void ShardedOptimizer::step() {
+  local_->step();
+  ddp_.gather_parameters();
+}
+
+void ShardedOptimizer::set_lr(double lr) {
+  for (auto& group : local_->param_groups()) group.options().set_lr(lr);
+}
+
+}  // namespace h5ddp

@@ -1,0 +1,87 @@
+// What h5ddp-train tells about a run, in one place: the records of RUN_DIR/metrics.jsonl (MetricsLog, rank 0)
+// and the console lines of rank 0 (resume, evaluation, stop, summary, next commands). The trainer decides what
+// happened; this component words it. Torch-free, so its text is unit tested (tests/train/components_test.cpp).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "train/metrics.hpp"
+
+namespace h5ddp {
+
+struct EvalResult {
+  double accuracy = -1;  // fraction of the test set classified correctly (-1: regression, no accuracy)
+  double loss = 0;       // mean cross-entropy (regression: mean squared error)
+};
+
+// The save just made, as the metrics log records it (Checkpointer::last_save()).
+struct SaveRecord {
+  int64_t step = -1;
+  std::string path;
+  bool async = false;
+  double blocked_seconds = 0;
+  double seconds = 0;  // unknown (null) for an async save
+  uint64_t bytes = 0;
+};
+
+// Rank 0's metrics.jsonl records. A disabled log (other ranks, --no-metrics) keeps the bookkeeping only.
+class RunLog {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // `interval`: steps per "train" record (the mean loss over the interval).
+  RunLog(const std::string& run_dir, bool enabled) : log_(run_dir, enabled) {}
+
+  void set_interval(int64_t steps) { interval_ = steps > 0 ? steps : 1; }
+  // The steps after `step` are redone: their records go, so the log never holds two versions.
+  void truncate_after(int64_t step) { log_.truncate_after(step); }
+  void start(int64_t step, int world_size);
+  void resume(int64_t step, int world_size, const std::string& from, int saved_world_size, double load_seconds);
+  // After optimizer step `step`: a "train" record every interval steps and at `last`.
+  void train(int64_t step, int64_t epoch, double loss, double lr, int64_t global_batch, bool last);
+  // Time not to count as training (evaluations, saves) since the interval began.
+  void pause(Clock::duration d) { interval_start_ += d; }
+  void restart_interval() { interval_start_ = Clock::now(); }
+  void eval(int64_t step, int64_t epoch, const EvalResult& r);
+  // Once per save (a second call for the same step does nothing).
+  void save(const SaveRecord& s);
+  void stop(int64_t step, int exit_code, const std::string& checkpoint);
+  void end(int64_t step, int64_t epoch, double train_seconds, const EvalResult* final_eval);
+  void error(int64_t step, const std::string& message);
+
+ private:
+  MetricsLog log_;
+  int64_t interval_ = 1;
+  double loss_ = 0;
+  int64_t steps_ = 0;
+  Clock::time_point interval_start_ = Clock::now();
+  int64_t saved_step_ = -1;
+};
+
+// Console text of rank 0 (each without the final newline unless it is several lines).
+namespace console {
+std::string eval_line(int64_t step, const EvalResult& r, int64_t samples);
+std::string resumed_line(const std::string& path, int64_t step, int64_t epoch, int64_t position, int saved_world_size,
+                         int world_size, bool rng_exact);
+std::string nothing_to_train(const std::string& path, int64_t step, int64_t epochs_done, int64_t max_steps,
+                             int64_t epochs);
+std::string stopped_line(int64_t step, const std::string& checkpoint, int exit_code);
+
+struct Summary {
+  int64_t step = 0, epoch = 0, epochs = 0;
+  double train_seconds = 0;
+  int world_size = 1;
+  bool evaluated = false;
+  EvalResult eval;
+  int64_t test_samples = 0;
+  std::string checkpoint;      // the newest checkpoint (or the one resumed from); "" none
+  std::string resume_command;  // resume_command() of resume_hint.hpp
+  std::string program;         // argv[0], for the h5ddp-ckpt beside it
+};
+// "trained to step ...", the test result, and the next commands (checkpoint, resume, inspect).
+std::string summary(const Summary& s);
+}  // namespace console
+
+}  // namespace h5ddp
