@@ -198,7 +198,8 @@ TEST(KeepPolicy, BestWithMissingOrUnusableValues) {
   e[0].value = std::numeric_limits<double>::quiet_NaN();
   e[1].value = -std::numeric_limits<double>::infinity();
   EXPECT_EQ(p.files_to_delete(e), names({1}));  // NaN never counts; -inf is a value (the only one)
-  p.best_metric.clear();  // no metric: off whatever keep_best says
+  // No metric: off whatever keep_best says.
+  p.best_metric.clear();
   EXPECT_FALSE(p.needs_values());
   EXPECT_EQ(p.files_to_delete(e), names({2, 1}));
   p.best_metric = "eval_accuracy";

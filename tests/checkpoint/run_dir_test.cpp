@@ -187,8 +187,8 @@ TEST(RunDir, RetentionKeepsTheBestByAMetaValue) {
   opt.keep_last = 1;
   opt.keep_best = 1;
   opt.keep_best_metric = "eval_accuracy";
-  const std::vector<std::pair<int, std::string>> saves = {{2, "0.5"}, {4, "0.9"}, {6, "0.7"}, {8, ""}, {10, "junk"},
-                                                          {12, "0.9"}, {14, "0.1"}};
+  const std::vector<std::pair<int, std::string>> saves = {{2, "0.5"},   {4, "0.9"},  {6, "0.7"}, {8, ""},
+                                                          {10, "junk"}, {12, "0.9"}, {14, "0.1"}};
   for (const auto& [step, acc] : saves) {
     test::OwnedState s(7, world.rank());
     s.state.counters.step = step;
