@@ -35,10 +35,11 @@ struct Listing {
   std::error_code error;
 };
 
-Listing list_dir(const std::string& dir) {
+// missing_ok: a missing directory lists nothing (nothing saved yet) instead of being an error.
+Listing list_dir(const std::string& dir, bool missing_ok) {
   Listing out;
   std::error_code ec;
-  if (!fs::exists(dir, ec)) return out;  // nothing saved yet
+  if (missing_ok && !fs::exists(dir, ec)) return out;
   for (const auto& e : fs::directory_iterator(dir, out.error)) {
     const std::string n = e.path().filename().string();
     const int64_t step = format::checkpoint_step_from_name(n);
@@ -98,14 +99,14 @@ std::string RunDir::file_path(const std::string& file_name) const {
 }
 
 std::vector<CheckpointEntry> RunDir::checkpoints(std::error_code* error) const {
-  Listing l = list_dir(path_);
+  Listing l = list_dir(path_, true);
   if (error) *error = l.error;
   sort_by_step_descending(l.checkpoints);
   return l.checkpoints;
 }
 
 std::vector<std::string> RunDir::partials(std::error_code* error) const {
-  Listing l = list_dir(path_);
+  Listing l = list_dir(path_, true);
   if (error) *error = l.error;
   std::sort(l.partials.begin(), l.partials.end());
   return l.partials;
@@ -191,13 +192,7 @@ ResumeCandidates RunDir::resume_candidates(Comm& comm) const {
 
 std::vector<std::string> RunDir::apply_retention(const KeepPolicy& policy, const std::string& newest) const {
   std::error_code ec;
-  Listing l;
-  for (const auto& e : fs::directory_iterator(path_, l.error)) {
-    const std::string n = e.path().filename().string();
-    const int64_t step = format::checkpoint_step_from_name(n);
-    if (step >= 0) l.checkpoints.push_back(CheckpointEntry{n, step, std::nullopt});
-    if (is_partial_checkpoint(n)) l.partials.push_back(n);
-  }
+  Listing l = list_dir(path_, false);  // right after a save: a missing directory is worth a warning
   if (l.error) {
     log::warn("retention: cannot list " + path_ + ": " + l.error.message());
     return {};
