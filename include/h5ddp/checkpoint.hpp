@@ -25,6 +25,10 @@ struct SaveOptions {
   bool update_latest = true;  // move run_dir/latest to this file
   // File names in run_dir that retention never removes (e.g. the best-scoring checkpoint, --keep-best).
   std::vector<std::string> keep_files;
+  // Retention: also keep the keep_best files with the highest value of /meta[keep_best_metric] (e.g.
+  // "eval_accuracy"; "" or keep_best 0: off). Files whose value is missing or not a number never count (KeepPolicy).
+  int keep_best = 0;
+  std::string keep_best_metric;
   // Replicated tensors must be identical on all ranks. By default each tensor is hashed in full by the one
   // rank that writes it (its checksum), and ranks compare a sample of every tensor (16 blocks of 4 KiB, all
   // of a tensor up to 64 KiB) before writing. true: every rank hashes every tensor in full and all hashes

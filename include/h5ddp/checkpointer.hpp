@@ -44,6 +44,8 @@ struct CheckpointerOptions {
   double every_seconds = 0;      // save when this long has passed since the last save on any rank (0: off)
   int keep_last = 3;             // retention: the K newest files (0: all), as h5ddp-train and h5ddp_torch
   int keep_every = 0;            // retention: also every file whose step is a multiple of M
+  int keep_best = 0;             // retention: also the N files with the highest /meta[keep_best_metric] (0: off)
+  std::string keep_best_metric;  // a meta string (set_meta) holding a number, e.g. "eval_accuracy"
   bool async = false;            // training blocks only while the state is copied into host buffers
   bool fsync = true;             // durable before `latest` moves (tests may turn it off)
   bool verify_replicas = false;  // every rank hashes every replicated tensor (SaveOptions::verify_replicas)

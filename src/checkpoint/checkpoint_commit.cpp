@@ -1,4 +1,5 @@
-// The commit protocol's file-system steps (fsync, `latest`, retention) and finding the checkpoint to resume from.
+// The commit protocol's file-system steps (fsync; `latest` and retention through RunDir) and finding the checkpoint to
+// resume from.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -6,13 +7,12 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <set>
 
 #include "checkpoint/checkpoint_internal.hpp"
 #include "checkpoint/format.hpp"
 #include "core/log.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/run_dir.hpp"
 
 namespace fs = std::filesystem;
 
@@ -28,126 +28,23 @@ void fsync_path(const std::string& path, bool directory) {
   if (rc != 0) throw CheckpointError("fsync of " + path + " failed: " + std::strerror(err));
 }
 
-// run_dir/<name> replaced by `text`: written to <name>.tmp, fsynced, renamed over, directory fsynced. The fault
-// phases (test hooks) fire after the write and after the rename.
-void replace_pointer_file(const std::string& run_dir, const std::string& name, const std::string& text, bool fsync,
-                          const char* written_phase, const char* renamed_phase) {
-  const fs::path tmp = fs::path(run_dir) / (name + ".tmp");
-  const fs::path target = fs::path(run_dir) / name;
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out) throw CheckpointError("cannot write " + tmp.string());
-  }
-  if (fsync) fsync_path(tmp.string(), false);
-  if (written_phase) maybe_inject_fault(written_phase, 0);
-  std::error_code ec;
-  fs::rename(tmp, target, ec);
-  if (ec) throw CheckpointError("cannot rename " + tmp.string() + " to " + target.string() + ": " + ec.message());
-  if (renamed_phase) maybe_inject_fault(renamed_phase, 0);
-  if (fsync) fsync_path(run_dir, true);
-}
-
+// The save's steps on the run directory (checkpoint_writer.cpp), done by RunDir.
 void write_latest(const std::string& run_dir, const std::string& file_name, bool fsync) {
-  // Only rank 0 moves `latest`.
-  replace_pointer_file(run_dir, format::kLatestFile, file_name + "\n", fsync, "latest_written", "latest_renamed");
-}
-
-// The file name `latest` holds, or "" when it is missing or unreadable.
-std::string read_latest(const std::string& run_dir) {
-  std::ifstream in(fs::path(run_dir) / format::kLatestFile);
-  std::string name;
-  if (!in || !std::getline(in, name)) return "";
-  while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
-  return name;
+  RunDir(run_dir).move_latest(file_name, fsync);  // only rank 0 moves `latest`
 }
 
 void apply_retention(const std::string& run_dir, const SaveOptions& options, const std::string& newest) {
-  std::error_code ec;
-  std::vector<std::pair<int64_t, fs::path>> ckpts;
-  std::vector<fs::path> partials;
-  for (const auto& e : fs::directory_iterator(run_dir, ec)) {
-    const std::string n = e.path().filename().string();
-    const int64_t step = format::checkpoint_step_from_name(n);
-    if (step >= 0) ckpts.emplace_back(step, e.path());
-    const std::string suffix = std::string(format::kCheckpointSuffix) + format::kPartialSuffix;
-    if (n.size() > suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
-      partials.push_back(e.path());
-  }
-  if (ec) {
-    log::warn("retention: cannot list " + run_dir + ": " + ec.message());
-    return;
-  }
-  // Saves are collective and sequential: any *.partial still here belongs to a save that died.
-  for (const auto& p : partials) {
-    fs::remove(p, ec);
-    if (!ec) log::info("removed stale partial checkpoint " + p.string());
-  }
-  if (options.keep_last <= 0) return;
-  std::sort(ckpts.begin(), ckpts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  const std::string latest = read_latest(run_dir);
-  for (size_t i = 0; i < ckpts.size(); ++i) {
-    const std::string n = ckpts[i].second.filename().string();
-    const bool keep = static_cast<int>(i) < options.keep_last || n == newest || n == latest ||
-                      (options.keep_every > 0 && ckpts[i].first % options.keep_every == 0) ||
-                      std::find(options.keep_files.begin(), options.keep_files.end(), n) != options.keep_files.end();
-    if (keep) continue;
-    fs::remove(ckpts[i].second, ec);
-    if (ec) log::warn("retention: cannot remove " + ckpts[i].second.string() + ": " + ec.message());
-    maybe_inject_fault("mid_retention", 0);  // only rank 0 applies retention
-  }
+  RunDir(run_dir).apply_retention(keep_policy_of(options), newest);
 }
 
 }  // namespace ckpt
 
 void write_run_dir_pointer(const std::string& run_dir, const std::string& name, const std::string& text, bool fsync) {
-  ckpt::replace_pointer_file(run_dir, name, text, fsync, nullptr, nullptr);
+  RunDir(run_dir).write_pointer(name, text, fsync);
 }
 
 ResumeCandidates list_resume_candidates(Comm& comm, const std::string& run_dir) {
-  // Rank 0 lists the directory and broadcasts the list. The rename of <name>.partial is the commit point: a
-  // kill after it and before `latest` moves leaves a complete file that `latest` does not name yet, so the
-  // order is by step, highest first, and `latest` is only a pointer. The one thing `latest` adds is a file
-  // whose name carries no step (SaveOptions::name): it goes first, since nothing else dates it.
-  std::string listing;
-  if (comm.rank() == 0) {
-    std::vector<std::pair<int64_t, std::string>> found;
-    std::error_code ec;
-    if (fs::is_directory(run_dir, ec))
-      for (const auto& e : fs::directory_iterator(run_dir, ec)) {
-        const std::string n = e.path().filename().string();
-        const int64_t step = format::checkpoint_step_from_name(n);
-        if (step >= 0) found.emplace_back(step, n);
-      }
-    std::string latest = ckpt::read_latest(run_dir);
-    const std::string partial = std::string(format::kCheckpointSuffix) + format::kPartialSuffix;
-    if (latest.size() >= partial.size() &&
-        latest.compare(latest.size() - partial.size(), partial.size(), partial) == 0) {
-      log::warn("ignoring " + (fs::path(run_dir) / format::kLatestFile).string() + ": it names " + latest +
-                ", a partial file (never a checkpoint)");
-      latest.clear();
-    }
-    const int64_t latest_step = latest.empty() ? -1 : format::checkpoint_step_from_name(latest);
-    // A step-named target missing from the directory is still listed (by its step): its failed load is the
-    // warning that says `latest` is stale.
-    if (latest_step >= 0 && std::none_of(found.begin(), found.end(), [&](const auto& f) { return f.second == latest; }))
-      found.emplace_back(latest_step, latest);
-    std::sort(found.begin(), found.end(), std::greater<>());
-    if (!latest.empty() && latest_step < 0) listing += "@" + latest + "\n";  // "@": named by latest
-    for (const auto& f : found) listing += (f.second == latest ? "@" : "") + f.second + "\n";
-  }
-  listing = comm.broadcast_string(listing, 0);
-
-  ResumeCandidates out;
-  for (size_t pos = 0; pos < listing.size();) {
-    const size_t nl = listing.find('\n', pos);
-    std::string name = listing.substr(pos, nl - pos);
-    if (name[0] == '@') out.latest_index = static_cast<int>(out.paths.size()), name.erase(0, 1);
-    out.paths.push_back((fs::path(run_dir) / name).string());
-    pos = nl + 1;
-  }
-  return out;
+  return RunDir(run_dir).resume_candidates(comm);
 }
 
 std::optional<std::string> resume_newest(Comm& comm, const std::string& run_dir,

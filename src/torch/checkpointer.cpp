@@ -12,6 +12,7 @@
 #include "core/log.hpp"
 #include "h5ddp/sharded_optimizer.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/policy.hpp"
 #include "h5ddp/stop_signal.hpp"
 #include "torch/torch_state.hpp"
 
@@ -315,6 +316,8 @@ SaveResult Checkpointer::save() {
   o.fsync = options_.fsync;
   o.keep_last = options_.keep_last;
   o.keep_every = options_.keep_every;
+  o.keep_best = options_.keep_best;
+  o.keep_best_metric = options_.keep_best_metric;
   o.verify_replicas = options_.verify_replicas;
   o.keep_files = impl_->keep_files;
   impl_->last_save_time = Clock::now();
@@ -390,7 +393,8 @@ StepOutcome Checkpointer::agree_step(int64_t step, double value) {
   // One allreduce carries everything the ranks must agree on: any rank's signal and time trigger, and the
   // caller's value (its mean, for logging).
   const int sig = impl_->signals ? stop_signal::pending() : 0;
-  const bool time_due = options_.every_seconds > 0 && seconds_since(impl_->last_save_time) >= options_.every_seconds;
+  const SavePolicy policy(options_.every_steps, options_.every_seconds);
+  const bool time_due = policy.time_due(seconds_since(impl_->last_save_time));  // due on any rank: due
   double agree[4] = {value, (sig == SIGUSR1 || sig == SIGTERM) ? 1.0 : 0.0, sig == SIGINT ? 1.0 : 0.0,
                      time_due ? 1.0 : 0.0};
   comm_.allreduce(agree, 4, DType::kF64, ReduceOp::kSum);
@@ -409,8 +413,8 @@ StepOutcome Checkpointer::agree_step(int64_t step, double value) {
       log::warn("background checkpoint save failed; training continues and retries at the next trigger:\n" +
                 std::string(e.what()));
   }
-  const bool step_due = options_.every_steps > 0 && step % options_.every_steps == 0;
-  out.save_due = step_due || agree[3] > 0 || out.stop;  // agreed values only: the same on every rank
+  // Agreed values only: the same on every rank.
+  out.save_due = policy.decide_agreed(step, agree[3] > 0, out.stop).due();
   return out;
 }
 

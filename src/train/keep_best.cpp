@@ -1,15 +1,13 @@
 #include "train/keep_best.hpp"
 
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <optional>
 #include <utility>
 
 #include "checkpoint/format.hpp"
 #include "core/log.hpp"
-#include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/run_dir.hpp"
 
 namespace h5ddp {
 
@@ -17,18 +15,11 @@ KeepBest::KeepBest(std::string run_dir, bool fsync, Checkpointer& ckpt, Comm& co
     : run_dir_(std::move(run_dir)), fsync_(fsync), ckpt_(ckpt), comm_(comm) {}
 
 void KeepBest::load() {
-  std::string text;
-  if (comm_.rank() == 0) {
-    std::ifstream in(run_dir_ + "/best");
-    std::getline(in, text);
-  }
-  text = comm_.broadcast_string(text, 0);
-  std::istringstream is(text);
-  std::string name;
-  double accuracy = -1;
-  if (is >> name >> accuracy && std::filesystem::exists(run_dir_ + "/" + name)) {
-    file_ = name;
-    accuracy_ = accuracy;
+  const RunDir dir(run_dir_);
+  const std::optional<BestPointer> best = dir.best(comm_);  // rank 0 reads it, every rank gets the same
+  if (best && std::filesystem::exists(dir.file_path(best->file))) {
+    file_ = best->file;
+    accuracy_ = best->value;
     ckpt_.set_keep_files({file_});
   }
 }
@@ -54,13 +45,11 @@ void KeepBest::commit(const std::function<void()>& save) {
   comm_.barrier();
 }
 
-// Rank 0. RUN_DIR/best = "<file> <accuracy>", moved like `latest` (write_run_dir_pointer). A failure is reported:
-// the best checkpoint itself is committed either way.
+// Rank 0. RUN_DIR/best = "<file> <accuracy>", moved like `latest` (RunDir::move_best). A failure is reported: the
+// best checkpoint itself is committed either way.
 void KeepBest::write_pointer() const {
-  char line[512];
-  std::snprintf(line, sizeof line, "%s %.6f\n", file_.c_str(), accuracy_);
   try {
-    write_run_dir_pointer(run_dir_, "best", line, fsync_);
+    RunDir(run_dir_).move_best(file_, accuracy_, fsync_);
   } catch (const Error& e) {
     log::warn(std::string("--keep-best: ") + e.what());
   }
