@@ -88,7 +88,7 @@ enum class LoadStrategy {
 
 struct LoadOptions {
   bool verify_checksums = true;
-  // Default chosen by measurement (docs/BENCHMARKS.md "## Checkpoint"): on one node, where all ranks share
+  // Default chosen by measurement (docs/DEFAULTS.md "Load strategy"): on one node, where all ranks share
   // one page cache and disk, every rank reading was as fast or faster than share + exchange at 1-4 ranks.
   // Share + exchange cuts file-system reads N-fold, which should win on a parallel FS across many nodes.
   LoadStrategy strategy = LoadStrategy::kEveryRankReads;

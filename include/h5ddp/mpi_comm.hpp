@@ -22,8 +22,9 @@ class MpiComm final : public Comm {
   // so kNonBlocking (MPI_Iallreduce) progresses only when the caller tests or waits. kThread hands the
   // operation to a worker thread that runs a blocking MPI_Allreduce; kProgress starts MPI_Iallreduce on
   // the caller's thread and a worker thread tests it every H5DDP_MPI_POLL_US (default 50) microseconds.
-  // Both advance while the caller computes and need MPI_THREAD_MULTIPLE. docs/BENCHMARKS.md (DDP)
-  // compares kThread and kProgress (kNonBlocking's measurements are in that file's git history).
+  // Both advance while the caller computes and need MPI_THREAD_MULTIPLE. docs/DEFAULTS.md and
+  // docs/BENCHMARKS.md (DDP) compare kThread and kProgress (kNonBlocking's measurements are in the git history
+  // of docs/BENCHMARKS.md).
   enum class AsyncMode { kNonBlocking, kThread, kProgress };
   // H5DDP_MPI_ASYNC=thread|progress|nonblocking; else kNonBlocking without MPI_THREAD_MULTIPLE; else
   // kProgress when this node has at least one core per rank but fewer than two (a worker spinning in a

@@ -14,7 +14,7 @@ from .errors import CheckpointError
 # [earliest, v18] so that HDF5 1.8 and later read the files.
 ALIGNMENT = 1 << 20
 LIBVER = ("earliest", "v108")
-# MPI-IO hints the C++ writer passes (README "File systems"): large collective buffers, no data sieving.
+# MPI-IO hints the C++ writer passes (docs/SLURM.md "File systems"): large collective buffers, no data sieving.
 MPIO_HINTS = {"cb_buffer_size": "16777216", "romio_ds_write": "disable", "romio_cb_write": "automatic",
               "romio_cb_read": "automatic"}
 

@@ -1,7 +1,7 @@
 // Checksums off the I/O path: a background hasher that overlaps XXH3 with the writes (save) and reads
 // (load), a sample hash for the cheap replica check, and the phase timer of the debug timelines.
 // XXH_INLINE_ALL compiles XXH3 into this file, with its flags (-O3, see io.cmake): 0.040 s per GiB on the
-// 2-core VM of docs/BENCHMARKS.md against 0.066 s through Debian's libxxhash.so, same hash values.
+// 2-core VM of docs/DEFAULTS.md against 0.066 s through Debian's libxxhash.so, same hash values.
 // On x86-64 an AVX2 build of the same XXH3 (xxh3_avx2.c) is chosen at run time where the CPU has AVX2: on data
 // still in the cache, which is how load hashes what it has just read, it takes 0.025 s per GiB against 0.038.
 #define XXH_INLINE_ALL

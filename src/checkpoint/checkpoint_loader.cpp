@@ -140,7 +140,7 @@ void exchange_shares(Comm& comm, const std::vector<DatasetPlan>& plan, const std
 // On VMs with a paravirtualised MMU the kernel's first write into a process's pages costs about 1.4 s per GiB,
 // even into pages the process has already touched, while a copy in user space costs about 0.2 s: reading each
 // piece into one reused buffer and copying it out was 3-7x faster for a first load there. On other hosts the
-// copy costs one memcpy of the bytes (docs/BENCHMARKS.md, "Load").
+// copy costs one memcpy of the bytes (docs/BENCHMARKS.md, "Load through the bounce buffer"; docs/DEFAULTS.md).
 bool bounce_reads() {
   static const bool on = [] {
     const char* e = std::getenv("H5DDP_LOAD_BOUNCE");

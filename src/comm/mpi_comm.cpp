@@ -27,7 +27,7 @@ constexpr size_t kMaxChunk = static_cast<size_t>(INT_MAX) / 2;
 
 // Bytes per MPI allreduce call. Open MPI's allreduce algorithms malloc a temporary buffer of the message's
 // size on every call; above glibc's largest mmap threshold (32 MiB) that is a fresh mmap whose pages fault
-// in every time. 214 MB of float32 at 2 ranks (docs/BENCHMARKS.md): 0.6-1.2 s in 64 MiB calls, 0.07-0.10 s
+// in every time. 214 MB of float32 at 2 ranks (docs/DEFAULTS.md): 0.6-1.2 s in 64 MiB calls, 0.07-0.10 s
 // in 4 MiB calls; at 4 ranks 1.4-1.5 s against 0.22-0.30 s. H5DDP_MPI_REDUCE_CHUNK_BYTES overrides it
 // (tests use a few bytes to cross chunk boundaries); rank 0's value is used everywhere (MpiComm::dup), since
 // ranks that chunk differently would call different collectives.

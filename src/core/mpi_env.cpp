@@ -30,7 +30,7 @@ namespace {
 // allocates and frees the same activations every step (LibTorch's CPU allocator is malloc) takes every page
 // back from the kernel, zero-filled, each step. The default CNN at 64 samples per rank took ~3,000 page
 // faults and a quarter of its CPU time in the kernel per step; with the heap kept, its step took about half
-// the time, the same for PyTorch given the same settings (docs/BENCHMARKS.md, "The allocator"). The cost:
+// the time, the same for PyTorch given the same settings (docs/DEFAULTS.md, "The allocator"). The cost:
 // up to kTrim of freed memory stays resident per process. Left alone when the user tuned malloc
 // (MALLOC_*_ variables) or set H5DDP_MALLOC_TUNE=0.
 void tune_malloc() {
@@ -50,7 +50,7 @@ void tune_malloc() {
 
 // A rank started by Open MPI's mpirun (or its orted on another node) dies with it. mpirun answers a second
 // Ctrl-C by exiting at once, without waiting for its ranks: they lived on, orphaned, and could commit a
-// checkpoint after the shell prompt was back, racing the next run (README "Stopping"). The kernel sends
+// checkpoint after the shell prompt was back, racing the next run (docs/TRAINING.md "Stopping"). The kernel sends
 // SIGKILL to this process when the launcher exits; a half-written checkpoint is a `*.partial`, never read.
 // Ranks under srun (slurmstepd) or started by hand are left alone. H5DDP_DIE_WITH_LAUNCHER=0 turns it off.
 // Returns the launcher's name when armed, "" otherwise.
@@ -87,7 +87,7 @@ MpiEnv::MpiEnv(int* argc, char*** argv) {
     // Open MPI 4's openib BTL (verbs; UCX replaced it for InfiniBand) is opened by default even where no
     // device exists, and with it loaded every process computed more slowly: the default CNN's training step
     // took 94-99 ms against 77-80 ms with `--mca btl ^openib`, the same LibTorch kernels, alternating runs
-    // on one machine (docs/BENCHMARKS.md). Excluded unless the user chose the BTLs (OMPI_MCA_btl, which
+    // on one machine (docs/DEFAULTS.md). Excluded unless the user chose the BTLs (OMPI_MCA_btl, which
     // `mpirun --mca btl ...` also sets) or sets H5DDP_KEEP_OPENIB=1.
     if (!std::getenv("OMPI_MCA_btl") && !std::getenv("H5DDP_KEEP_OPENIB")) setenv("OMPI_MCA_btl", "^openib", 0);
     int provided = MPI_THREAD_SINGLE;

@@ -1,14 +1,15 @@
-"""Every shell command of README.md, run as a new user would: in order, from a directory laid out like a fresh
-clone that has been built (build/, jobs/, tools/, python/), as the user this test runs as (root in CI), on this
-machine's cores. Issue 44: a newcomer following the README literally must meet no command that fails as written
-and no result that silently differs from what the README says.
+"""Every shell command of README.md and of the docs pages its commands moved to (DOCS), run as a new user would:
+file after file, in order, from a directory laid out like a fresh clone that has been built (build/, jobs/, tools/,
+python/), as the user this test runs as (root in CI), on this machine's cores. Issue 44: a newcomer following the
+README (and the pages it leads to) literally must meet no command that fails as written and no result that
+silently differs from what the docs say.
 
 What is adapted, and only this (so the suite stays minutes, not hours):
   - the trainings run fewer steps: H5DDP_TRAIN_ARGS (read by jobs/train-local.sh, as a user may set it) adds
     --max-steps, and later commands name the checkpoint that run wrote instead of the README's ckpt-00000500.h5;
   - the user's own files the README assumes (mymodel.py, cifar.npz) are made here, small;
   - commands that cannot run here are listed in SKIP with the reason and the test that covers them instead.
-Every ```sh line of the README must be in RUN or SKIP: a new or changed README command fails this test until it
+Every ```sh line of the DOCS files must be in RUN or SKIP: a new or changed command there fails this test until it
 is classified (and so run). Usage: readme_test.py SOURCE_DIR BUILD_DIR"""
 import os
 import re
@@ -21,8 +22,12 @@ SRC, BUILD = (os.path.abspath(a) for a in sys.argv[1:3])
 PY = "/usr/bin/python3"
 DEFAULT_STEPS = 20  # the default job's length here (the README's run is 500 steps: ckpt-00000500.h5)
 LIMIT = 600  # seconds per command, a load of 8 included
+# The files whose ```sh commands run, in this order: the README's two commands first (the default job writes
+# runs/default, which later pages read), then the pages that hold what used to be the README's other commands
+# (TRAINING.md writes runs/exp1, runs/cifar and runs/metrics; CHECKPOINTS.md reads runs/default and runs/exp1).
+DOCS = ["README.md", "docs/TRAINING.md", "docs/CHECKPOINTS.md", "docs/GPU.md"]
 
-# README command -> extra environment (H5DDP_TRAIN_ARGS shortens a training).
+# command -> extra environment (H5DDP_TRAIN_ARGS shortens a training).
 RUN = {
     "tools/setup.sh && jobs/train-local.sh": {"H5DDP_TRAIN_ARGS": f"--max-steps {DEFAULT_STEPS}"},
     "H5DDP_NP=4 H5DDP_RUN_DIR=runs/exp1 jobs/train-local.sh --epochs 3 --checkpoint-every-steps 200":
@@ -45,7 +50,7 @@ RUN = {
     "H5DDP_RUN_DIR=runs/finetune jobs/train-local.sh --init-from init.h5": {"H5DDP_TRAIN_ARGS": "--max-steps 3 --no-eval"},
     "build/tools/h5ddp-ckpt eval runs/default/ckpt-00000500.h5": {},
 }
-# README commands whose documented exit code is not 0.
+# Commands whose documented exit code is not 0.
 EXIT = {"build/tools/h5ddp-ckpt diff runs/default/ckpt-00000500.h5 runs/exp1/$(cat runs/exp1/latest)": 1}
 SKIP = {
     "tools/run-tests.sh": "the test command itself (this test is part of it)",
@@ -100,16 +105,18 @@ def make_user_files(d):
 
 
 def main():
-    with open(os.path.join(SRC, "README.md")) as f:
-        commands = sh_commands(f.read())
+    commands = []
+    for doc in DOCS:
+        with open(os.path.join(SRC, doc)) as f:
+            commands += sh_commands(f.read())
     listed = [c for kind, c in commands if kind == "sh"]
     unknown = [c for c in listed if c not in RUN and c not in SKIP]
     if unknown:
-        fail("README commands neither run nor skipped by this test (add them to RUN or SKIP):\n  " +
+        fail(f"commands of {', '.join(DOCS)} neither run nor skipped by this test (add them to RUN or SKIP):\n  " +
              "\n  ".join(unknown))
     stale = [c for c in list(RUN) + list(SKIP) if c not in listed]
     if stale:
-        fail("commands this test runs that README.md no longer has:\n  " + "\n  ".join(stale))
+        fail(f"commands this test runs that {', '.join(DOCS)} no longer have:\n  " + "\n  ".join(stale))
 
     user = tempfile.mkdtemp(prefix="h5ddp-readme-")
     ok = False
@@ -128,7 +135,7 @@ def main():
                 rc, out = run(f"{PY} -c {shlex_quote(code)}", user, env)
                 print(f"$ # in Python: {cmd}  -> {rc}")
                 if rc != 0:
-                    fail(f"the README's Python line failed: {cmd}\n{out}")
+                    fail(f"the docs' Python line failed: {cmd}\n{out}")
                 continue
             if cmd in SKIP:
                 print(f"skipped: {cmd} ({SKIP[cmd]})")
@@ -137,10 +144,10 @@ def main():
             rc, out = run(actual, user, dict(env, **RUN[cmd]))
             print(f"$ {actual}  -> {rc}\n" + "\n".join("    " + ln for ln in out.splitlines()[-6:]))
             if rc != EXIT.get(cmd, 0):
-                fail(f"README command failed (exit {rc}, expected {EXIT.get(cmd, 0)}): {cmd}\n{out}")
+                fail(f"documented command failed (exit {rc}, expected {EXIT.get(cmd, 0)}): {cmd}\n{out}")
             check(cmd, out, user, env)
         ok = True
-        print("PASS: every README shell command ran as written (run lengths shortened)")
+        print(f"PASS: every shell command of {', '.join(DOCS)} ran as written (run lengths shortened)")
     finally:
         if ok:
             shutil.rmtree(user, ignore_errors=True)
@@ -153,7 +160,7 @@ def shlex_quote(s):
 
 
 def check(cmd, out, user, env):
-    """What the README says each command shows, where it says something checkable."""
+    """What the docs say each command shows, where they say something checkable."""
     if cmd.startswith("tools/setup.sh"):
         default = os.path.join(user, "runs", "default", f"ckpt-{DEFAULT_STEPS:08d}.h5")
         if not os.path.isfile(default):

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# How a run is launched and stopped, as the README states it (issue 44, defects 2, 4, 5):
+# How a run is launched and stopped, as docs/TRAINING.md states it (issue 44, defects 2, 4, 5):
 #   orphan     SIGKILL to a plain mpirun: its ranks die with it, by the kernel's hand (no orphan goes on to commit
 #              a checkpoint after the prompt is back, as after a second Ctrl-C to mpirun);
 #   mpirun_int Ctrl-C (SIGINT) to a plain mpirun: Open MPI sends TERM to the ranks, they save, and mpirun
-#              exits 1 (the README's exit-code table says so: jobs/train-local.sh is the launcher that gives 130);
+#              exits 1 (docs/TRAINING.md's exit-code table says so: jobs/train-local.sh is the launcher giving 130);
 #   hint       the end-of-run "resume" line continues the run: no --resume/--init-from, and the mpirun line
 #              carries --allow-run-as-root when run as root; under jobs/train-local.sh it is the script's line;
 #   local_np4  jobs/train-local.sh with more ranks than cores and no extra mpirun options runs (oversubscribed).

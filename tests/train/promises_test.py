@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""End-to-end tests, through h5ddp-train and h5ddp-ckpt, of promises of README.md that no other test checks
-(issue 23, finding 11). Each case is its own ctest (tests/train/CMakeLists.txt):
+"""End-to-end tests, through h5ddp-train and h5ddp-ckpt, of promises of README.md (now in docs/TRAINING.md) that no
+other test checks (issue 23, finding 11). Each case is its own ctest (tests/train/CMakeLists.txt):
 
   promises_test.py NP CASE [CASE...]      CASE: a test_* name below, without the prefix
 

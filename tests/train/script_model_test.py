@@ -567,7 +567,7 @@ def test_bad_inputs():
               any_of=["OtherNet", "other-net.pt"], opts=["--max-steps", 4, "--no-eval"])
     fl.check(committed(run, 2) and not os.path.exists(pt.ckpt(run, 4)),
              f"the refused resume changed the run directory: {sorted(os.listdir(run))}")
-    # README.md ("Your own model and data"): the error names both models.
+    # docs/TRAINING.md ("Your own model and data"): the error names both models.
     fl.check("SmallResNet" in err and "OtherNet" in err, f"the error does not name both models: {err}")
     # The same names and shapes with other code: only the checkpoint's model_class/model_hash can tell.
     tanh = script(TanhResNet(), os.path.join(d, "tanh-resnet.pt"))

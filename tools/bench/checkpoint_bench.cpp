@@ -46,7 +46,7 @@ struct Options {
   bool load = true;
   // Seconds between evicting a file and loading it. 0 loads at once; a resume comes seconds after the memory
   // was freed, which on a VM that hands free memory back to its host (free page reporting) matters: see
-  // docs/BENCHMARKS.md "Direct reads".
+  // docs/DEFAULTS.md "Direct reads".
   double settle = 0;
   int tensors = 48;  // a third model weights, two thirds Adam state (exp_avg, exp_avg_sq)
   std::string methods = "h5ddp,raw,raw_direct";

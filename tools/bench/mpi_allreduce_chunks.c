@@ -1,6 +1,6 @@
-/* Diagnostic behind MpiComm's 4 MiB allreduce calls (docs/DESIGN.md, docs/BENCHMARKS.md "After three
- * fixes"): time to allreduce 214 MB of float32 (the large MLP's gradients) in calls of CHUNK_MIB, four
- * ways: blocking / non-blocking, in place / separate send buffer. Not part of the CMake build:
+/* Diagnostic behind MpiComm's 4 MiB allreduce calls (docs/DESIGN.md, docs/DEFAULTS.md "Allreduce
+ * chunks, async mode, openib"): time to allreduce 214 MB of float32 (the large MLP's gradients) in calls of
+ * CHUNK_MIB, four ways: blocking / non-blocking, in place / separate send buffer. Not part of the CMake build:
  *   mpicc -O2 tools/bench/mpi_allreduce_chunks.c -o /tmp/arc
  *   for c in 4 16 64; do mpirun --oversubscribe -np 2 /tmp/arc $c; done
  */
