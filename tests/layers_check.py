@@ -36,6 +36,36 @@ def layer_of_include(path):
     return head if head in ALLOWED else None
 
 
+# Benchmarks that measure a layer's internals (not its API) include its private headers; nothing else outside the
+# layer's own folder may.
+INTERNALS_MEASURED = {
+    "tools/bench/hash_bench.cpp": "times the checksum kernels themselves (XXH3 scalar vs AVX2, the hash buffer)",
+    "tools/bench/async_bench.cpp": "times AsyncCheckpointer's phases (copy to host buffers, background write)",
+}
+
+
+def private_includes(src):
+    """src/train and tools/ use lower layers through include/h5ddp only (a private header is src/<layer>/x.hpp)."""
+    problems = []
+    roots = [os.path.join(src, "src", "train"), os.path.join(src, "tools")]
+    for root in roots:
+        for dirpath, _, names in os.walk(root):
+            for f in sorted(names):
+                if not f.endswith((".cpp", ".hpp", ".c", ".h")):
+                    continue
+                path = os.path.join(dirpath, f)
+                rel = os.path.relpath(path, src)
+                if rel in INTERNALS_MEASURED:
+                    continue
+                with open(path) as fh:
+                    for n, line in enumerate(fh, 1):
+                        m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+                        if m and m.group(1).split("/")[0] in ALLOWED and m.group(1).split("/")[0] != "train":
+                            problems.append(f"{rel}:{n}: includes the private header {m.group(1)} of layer "
+                                            f"'{m.group(1).split('/')[0]}'; use a public one (include/h5ddp/)")
+    return problems
+
+
 def main(src):
     problems = []
     files = []
@@ -60,6 +90,7 @@ def main(src):
                     continue
                 problems.append(f"{os.path.relpath(path, src)}:{n}: layer '{layer}' includes {m.group(1)} "
                                 f"(layer '{target}'); '{layer}' may use {', '.join(sorted(ALLOWED[layer]))}")
+    problems += private_includes(src)
     for p in problems:
         print("FAIL: " + p)
     if problems:

@@ -61,18 +61,16 @@ void require(bool ok, const std::string& option, const T& value, const std::stri
   if (!ok) throw ConfigError("--" + option + " " + os.str() + ": " + expected);
 }
 
-}  // namespace
-
-ParsedArgs parse_train_args(int argc, const char* const* argv) {
-  TrainConfig c;
-  std::string mlp_hidden = join_widths(c.model.mlp_hidden);
-  std::string config_file;
+// Options given as their negation or parsed further after reading; applied to the TrainConfig by apply_switches.
+struct Switches {
+  std::string mlp_hidden, config_file, watchdog = "auto";
   bool no_fsync = false, no_eval = false, no_final = false, no_metrics = false;
-  std::string watchdog = "auto";
+};
 
+po::options_description general_options(TrainConfig& c, Switches& sw) {
   po::options_description general("General");
   general.add_options()("help,h", "print this help and exit")(
-      "config", po::value(&config_file),
+      "config", po::value(&sw.config_file),
       "read options from FILE (key = value lines, same names as the "
       "long options; a flag alone on its line, or flag = true); the command line wins")(
       "data-dir", po::value(&c.data_dir)->default_value(c.data_dir),
@@ -90,14 +88,22 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
       "seed", po::value(&c.seed)->default_value(c.seed),
       "seed of the data order, initial weights and dropout "
       "(rank r uses seed + r for dropout)");
+  return general;
+}
+
+po::options_description model_options(TrainConfig& c, Switches& sw) {
   po::options_description model("Model");
   model.add_options()("model", po::value(&c.model.name)->default_value(c.model.name), "cnn | mlp (see docs/MODELS.md)")(
       "dropout", po::value(&c.model.dropout)->default_value(c.model.dropout, "0.25"), "dropout probability in [0, 1)")(
-      "mlp-hidden", po::value(&mlp_hidden)->default_value(mlp_hidden),
+      "mlp-hidden", po::value(&sw.mlp_hidden)->default_value(sw.mlp_hidden),
       "hidden layer widths of --model mlp, "
       "comma separated")("model-file", po::value(&c.model.file),
                          "train a TorchScript module saved from Python (torch.jit.script(m).save(path)) "
                          "instead of --model; its forward takes one batch tensor");
+  return model;
+}
+
+po::options_description training_options(TrainConfig& c, Switches& sw) {
   po::options_description train("Training");
   train.add_options()("epochs", po::value(&c.epochs)->default_value(c.epochs), "epochs to train")(
       "max-steps", po::value(&c.max_steps)->default_value(c.max_steps),
@@ -126,7 +132,7 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
                                         "output is a pseudo-terminal even when piped)")(
       "log-every", po::value(&c.log_every)->default_value(c.log_every),
       "progress line every N steps in lines mode "
-      "(0 = auto: about 20 lines a run)")("no-eval", po::bool_switch(&no_eval),
+      "(0 = auto: about 20 lines a run)")("no-eval", po::bool_switch(&sw.no_eval),
                                           "skip the evaluation on the test set at the end");
   train.add_options()("eval-every-steps", po::value(&c.eval_every_steps)->default_value(c.eval_every_steps),
                       "also evaluate on the test set every N steps during training, each rank a share (0 = off)");
@@ -144,8 +150,12 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
                       "ZeRO-1: each rank keeps the optimizer state of its share of the parameters (whole "
                       "tensors, balanced by bytes); gradients are reduce-scattered, updated parameters "
                       "all-gathered. Checkpoints are the same file as without it and resume either way");
-  train.add_options()("no-metrics", po::bool_switch(&no_metrics),
+  train.add_options()("no-metrics", po::bool_switch(&sw.no_metrics),
                       "do not append to RUN_DIR/metrics.jsonl (docs/METRICS.md)");
+  return train;
+}
+
+po::options_description checkpoint_options(TrainConfig& c, Switches& sw) {
   po::options_description ckpt("Checkpoints");
   ckpt.add_options()("checkpoint-every-steps",
                      po::value(&c.checkpoint_every_steps)->default_value(c.checkpoint_every_steps),
@@ -162,11 +172,11 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
       "on-save-error", po::value(&c.on_save_error)->default_value(c.on_save_error),
       "stop | continue: a failed periodic save (disk full, I/O error) ends training with an error, or is "
       "reported and retried at the next trigger; the final save and a signal's save always stop")(
-      "watchdog-seconds", po::value(&watchdog)->default_value(watchdog),
+      "watchdog-seconds", po::value(&sw.watchdog)->default_value(sw.watchdog),
       "abort the whole job (MPI_Abort, exit code 70) with a message naming host, rank and operation when a "
       "step's collectives or a save stall: T seconds for a step, 10x T for a save; auto = 20x the slowest step "
       "and 10x the slowest save so far, at least 300 s and 900 s; 0 = off")(
-      "no-fsync", po::bool_switch(&no_fsync), "do not fsync checkpoint files (faster, not crash-safe)")(
+      "no-fsync", po::bool_switch(&sw.no_fsync), "do not fsync checkpoint files (faster, not crash-safe)")(
       "verify-replicas", po::bool_switch(&c.verify_replicas),
       "on every save, every rank hashes every tensor in "
       "full and the hashes must agree (default: a sampled comparison; each tensor hashed by the rank writing it)")(
@@ -174,7 +184,7 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
       "every-rank-reads | share-exchange: how a resume reads the checkpoint: every rank reads every byte, or "
       "each rank reads 1/N and the ranks exchange shares over MPI (fewer file-system reads: for a parallel "
       "file system shared by many nodes); either way every rank verifies every byte it keeps")(
-      "no-final-checkpoint", po::bool_switch(&no_final), "do not save when training ends")(
+      "no-final-checkpoint", po::bool_switch(&sw.no_final), "do not save when training ends")(
       "keep-best", po::bool_switch(&c.keep_best),
       "keep the checkpoint with the best test accuracy (needs --eval-every-steps or --eval-every-epoch; saved "
       "when an evaluation improves on it; RUN_DIR/best names it) beside the newest --keep-last")(
@@ -185,13 +195,78 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
       "start a fresh run from this checkpoint's weights (new optimizer, step 0); in a run dir that "
       "already holds checkpoints only to continue the run started from this file (else an error)");
 
+  return ckpt;
+}
+
+// The model's and the training's options in range.
+void validate_training(const TrainConfig& c) {
+  require(c.model.name == "cnn" || c.model.name == "mlp", "model", c.model.name, "unknown model (cnn | mlp)");
+  require(c.model.dropout >= 0 && c.model.dropout < 1, "dropout", c.model.dropout, "must be in [0, 1)");
+  require(c.batch_size > 0, "batch-size", c.batch_size, "must be positive (global batch over all ranks)");
+  require(c.epochs > 0, "epochs", c.epochs, "must be positive");
+  require(c.max_steps >= 0, "max-steps", c.max_steps, "must be >= 0");
+  require(c.lr > 0, "lr", c.lr, "must be positive");
+  require(c.optimizer == "adam" || c.optimizer == "adamw" || c.optimizer == "sgd", "optimizer", c.optimizer,
+          "unknown optimizer (adam | adamw | sgd)");
+  require(c.momentum >= 0, "momentum", c.momentum, "must be >= 0");
+  require(c.weight_decay >= 0, "weight-decay", c.weight_decay, "must be >= 0");
+  require(c.lr_schedule == "constant" || c.lr_schedule == "step" || c.lr_schedule == "cosine", "lr-schedule",
+          c.lr_schedule, "unknown schedule (constant | step | cosine)");
+  require(c.lr_step_size >= 0, "lr-step-size", c.lr_step_size, "must be >= 0");
+  require(c.threads > 0, "threads", c.threads, "must be positive");
+  require(c.device == "auto" || c.device == "cpu" || c.device == "cuda", "device", c.device,
+          "must be auto, cpu or cuda");
+  require(c.precision == "fp32" || c.precision == "bf16", "precision", c.precision, "must be fp32 or bf16");
+}
+
+// The checkpointing, schedule and run options in range, and the options that need each other.
+void validate_run(TrainConfig& c, const Switches& sw) {
+  require(c.checkpoint_every_steps >= 0, "checkpoint-every-steps", c.checkpoint_every_steps, "must be >= 0");
+  require(c.checkpoint_every_seconds >= 0, "checkpoint-every-seconds", c.checkpoint_every_seconds, "must be >= 0");
+  require(c.keep_last >= 0, "keep-last", c.keep_last, "must be >= 0");
+  require(c.keep_every >= 0, "keep-every", c.keep_every, "must be >= 0");
+  require(c.on_save_error == "stop" || c.on_save_error == "continue", "on-save-error", c.on_save_error,
+          "must be stop | continue");
+  require(c.load_strategy == "every-rank-reads" || c.load_strategy == "share-exchange", "load-strategy",
+          c.load_strategy, "must be every-rank-reads | share-exchange");
+  if (sw.watchdog != "auto") {
+    size_t used = 0;
+    try {
+      c.watchdog_seconds = std::stod(sw.watchdog, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    require(used == sw.watchdog.size() && used > 0 && c.watchdog_seconds >= 0, "watchdog-seconds", sw.watchdog,
+            "must be auto, 0 (off) or a number of seconds");
+  }
+  require(c.step_sleep_ms >= 0, "step-sleep-ms", c.step_sleep_ms, "must be >= 0");
+  require(c.eval_every_steps >= 0, "eval-every-steps", c.eval_every_steps, "must be >= 0");
+  require(!c.keep_best || c.eval_every_steps > 0 || c.eval_every_epoch, "keep-best", "",
+          "needs --eval-every-steps N or --eval-every-epoch (the score it keeps the best of)");
+  require(c.lr_warmup_steps >= 0, "lr-warmup-steps", c.lr_warmup_steps, "must be >= 0");
+  require(c.grad_accum >= 1, "grad-accum", c.grad_accum, "must be >= 1");
+  require(!c.resume.empty(), "resume", c.resume, "must be auto, none or a checkpoint path");
+  require(c.init_from.empty() || c.resume == "auto" || c.resume == "none", "init-from", c.init_from,
+          "starts a fresh run from these weights; --resume " + c.resume +
+              " continues another checkpoint: "
+              "pass one of the two");
+  require(c.progress == "auto" || c.progress == "tty" || c.progress == "lines", "progress", c.progress,
+          "must be auto, tty or lines");
+}
+
+}  // namespace
+
+ParsedArgs parse_train_args(int argc, const char* const* argv) {
+  TrainConfig c;
+  Switches sw;
+  sw.mlp_hidden = join_widths(c.model.mlp_hidden);
   const char* intro =
       "h5ddp-train: data-parallel training of LibTorch models on MPI, with parallel-HDF5 checkpoints.\n"
       "Usage: mpirun -np N h5ddp-train [options]\n"
       "Exit codes: 0 done, 75 saved after SIGUSR1/SIGTERM (requeue me), 130 saved after SIGINT, 1 error,\n"
       "2 bad options, 70 a step or save stalled (watchdog, --watchdog-seconds).\n";
   po::options_description all;
-  all.add(general).add(model).add(train).add(ckpt);
+  all.add(general_options(c, sw)).add(model_options(c, sw)).add(training_options(c, sw)).add(checkpoint_options(c, sw));
 
   ParsedArgs out;
   try {
@@ -214,60 +289,13 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
     po::notify(vm);
     c.batch_size_set = !vm["batch-size"].defaulted();
     c.command_line.assign(argv, argv + argc);
-    c.model.mlp_hidden = parse_widths(mlp_hidden);
-    c.fsync = !no_fsync;
-    c.evaluate = !no_eval;
-    c.final_checkpoint = !no_final;
-    c.metrics = !no_metrics;
-
-    require(c.model.name == "cnn" || c.model.name == "mlp", "model", c.model.name, "unknown model (cnn | mlp)");
-    require(c.model.dropout >= 0 && c.model.dropout < 1, "dropout", c.model.dropout, "must be in [0, 1)");
-    require(c.batch_size > 0, "batch-size", c.batch_size, "must be positive (global batch over all ranks)");
-    require(c.epochs > 0, "epochs", c.epochs, "must be positive");
-    require(c.max_steps >= 0, "max-steps", c.max_steps, "must be >= 0");
-    require(c.lr > 0, "lr", c.lr, "must be positive");
-    require(c.optimizer == "adam" || c.optimizer == "adamw" || c.optimizer == "sgd", "optimizer", c.optimizer,
-            "unknown optimizer (adam | adamw | sgd)");
-    require(c.momentum >= 0, "momentum", c.momentum, "must be >= 0");
-    require(c.weight_decay >= 0, "weight-decay", c.weight_decay, "must be >= 0");
-    require(c.lr_schedule == "constant" || c.lr_schedule == "step" || c.lr_schedule == "cosine", "lr-schedule",
-            c.lr_schedule, "unknown schedule (constant | step | cosine)");
-    require(c.lr_step_size >= 0, "lr-step-size", c.lr_step_size, "must be >= 0");
-    require(c.threads > 0, "threads", c.threads, "must be positive");
-    require(c.device == "auto" || c.device == "cpu" || c.device == "cuda", "device", c.device,
-            "must be auto, cpu or cuda");
-    require(c.precision == "fp32" || c.precision == "bf16", "precision", c.precision, "must be fp32 or bf16");
-    require(c.checkpoint_every_steps >= 0, "checkpoint-every-steps", c.checkpoint_every_steps, "must be >= 0");
-    require(c.checkpoint_every_seconds >= 0, "checkpoint-every-seconds", c.checkpoint_every_seconds, "must be >= 0");
-    require(c.keep_last >= 0, "keep-last", c.keep_last, "must be >= 0");
-    require(c.keep_every >= 0, "keep-every", c.keep_every, "must be >= 0");
-    require(c.on_save_error == "stop" || c.on_save_error == "continue", "on-save-error", c.on_save_error,
-            "must be stop | continue");
-    require(c.load_strategy == "every-rank-reads" || c.load_strategy == "share-exchange", "load-strategy",
-            c.load_strategy, "must be every-rank-reads | share-exchange");
-    if (watchdog != "auto") {
-      size_t used = 0;
-      try {
-        c.watchdog_seconds = std::stod(watchdog, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      require(used == watchdog.size() && used > 0 && c.watchdog_seconds >= 0, "watchdog-seconds", watchdog,
-              "must be auto, 0 (off) or a number of seconds");
-    }
-    require(c.step_sleep_ms >= 0, "step-sleep-ms", c.step_sleep_ms, "must be >= 0");
-    require(c.eval_every_steps >= 0, "eval-every-steps", c.eval_every_steps, "must be >= 0");
-    require(!c.keep_best || c.eval_every_steps > 0 || c.eval_every_epoch, "keep-best", "",
-            "needs --eval-every-steps N or --eval-every-epoch (the score it keeps the best of)");
-    require(c.lr_warmup_steps >= 0, "lr-warmup-steps", c.lr_warmup_steps, "must be >= 0");
-    require(c.grad_accum >= 1, "grad-accum", c.grad_accum, "must be >= 1");
-    require(!c.resume.empty(), "resume", c.resume, "must be auto, none or a checkpoint path");
-    require(c.init_from.empty() || c.resume == "auto" || c.resume == "none", "init-from", c.init_from,
-            "starts a fresh run from these weights; --resume " + c.resume +
-                " continues another checkpoint: "
-                "pass one of the two");
-    require(c.progress == "auto" || c.progress == "tty" || c.progress == "lines", "progress", c.progress,
-            "must be auto, tty or lines");
+    c.model.mlp_hidden = parse_widths(sw.mlp_hidden);
+    c.fsync = !sw.no_fsync;
+    c.evaluate = !sw.no_eval;
+    c.final_checkpoint = !sw.no_final;
+    c.metrics = !sw.no_metrics;
+    validate_training(c);
+    validate_run(c, sw);
     out.config = c;
   } catch (const po::error& e) {
     out.message = std::string("h5ddp-train: ") + e.what() + " (see --help)";
