@@ -10,9 +10,9 @@
 #include "checkpoint/async_checkpoint.hpp"
 #include "checkpoint/format.hpp"
 #include "core/log.hpp"
-#include "h5ddp/sharded_optimizer.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/policy.hpp"
+#include "h5ddp/sharded_optimizer.hpp"
 #include "h5ddp/stop_signal.hpp"
 #include "torch/torch_state.hpp"
 

@@ -31,8 +31,7 @@ void RunLog::start(int64_t step, int world_size) {
   log_.write(JsonRecord("start").add("step", step).add("world_size", world_size));
 }
 
-void RunLog::resume(int64_t step, int world_size, const std::string& from, int saved_world_size,
-                    double load_seconds) {
+void RunLog::resume(int64_t step, int world_size, const std::string& from, int saved_world_size, double load_seconds) {
   log_.write(JsonRecord("resume")
                  .add("step", step)
                  .add("world_size", world_size)
@@ -109,8 +108,8 @@ std::string resumed_line(const std::string& path, int64_t step, int64_t epoch, i
                          int world_size, bool rng_exact) {
   return "resumed from " + path + " at step " + std::to_string(step) + ", epoch " + std::to_string(epoch + 1) +
          ", sample " + std::to_string(position) + " (saved at " + std::to_string(saved_world_size) + " ranks, now " +
-         std::to_string(world_size) +
-         (rng_exact ? "" : "; ranks beyond the saved world size got derived RNG streams") + ")";
+         std::to_string(world_size) + (rng_exact ? "" : "; ranks beyond the saved world size got derived RNG streams") +
+         ")";
 }
 
 std::string nothing_to_train(const std::string& path, int64_t step, int64_t epochs_done, int64_t max_steps,

@@ -89,8 +89,7 @@ void accept_resume(const TrainConfig& config, Checkpointer& ckpt, Comm& comm, co
 
 }  // namespace
 
-std::string global_batch_problem(int64_t global_batch, int world_size, int64_t grad_accum,
-                                 const std::string& origin) {
+std::string global_batch_problem(int64_t global_batch, int world_size, int64_t grad_accum, const std::string& origin) {
   try {
     check_global_batch(global_batch, world_size);
   } catch (const Error& e) {

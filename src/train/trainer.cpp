@@ -150,9 +150,8 @@ class Trainer {
                              config_.lr_warmup_steps, sampler_->steps_per_epoch(), total_steps_);
     if (info_.resumed && !config_.replan_lr_schedule) {  // the checkpoint's schedule continues (agreed verdict)
       std::string note;
-      schedule_ = agreed(comm_, [&] {
-        return continued_schedule(info_.scheduler, schedule_, info_.path, info_.step, &note);
-      });
+      schedule_ =
+          agreed(comm_, [&] { return continued_schedule(info_.scheduler, schedule_, info_.path, info_.step, &note); });
       if (root_ && !note.empty()) log::root_info(note);
     }
     ckpt_->set_scheduler_state([this](int64_t s) { return schedule_.to_state(s); });
@@ -168,8 +167,8 @@ class Trainer {
     log_.restart_interval();
     model_.module->train();
     if (done() && info_.resumed && root_)
-      log::root_info(console::nothing_to_train(info_.path, ckpt_->step(), ckpt_->data().epoch, config_.max_steps,
-                                               config_.epochs));
+      log::root_info(
+          console::nothing_to_train(info_.path, ckpt_->step(), ckpt_->data().epoch, config_.max_steps, config_.epochs));
     while (!done())
       if (!step()) break;
     result_.train_seconds = seconds_since(t_start);
@@ -194,8 +193,9 @@ class Trainer {
     guard.release();
     watch_.observe(StallWatch::Kind::kStep, seconds_since(step_start));
     const auto pause_start = Clock::now();  // evaluations and saves do not count as training time
-    after_step(step + 1, outcome, (config_.eval_every_steps > 0 && (step + 1) % config_.eval_every_steps == 0) ||
-                                      (config_.eval_every_epoch && epoch_ended));
+    after_step(step + 1, outcome,
+               (config_.eval_every_steps > 0 && (step + 1) % config_.eval_every_steps == 0) ||
+                   (config_.eval_every_epoch && epoch_ended));
     log_.pause(Clock::now() - pause_start);
     if (outcome.stop) return false;
     if (config_.step_sleep_ms > 0) {  // stands for compute in tests: watched like the step it stands for

@@ -94,9 +94,8 @@ void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, doubl
   std::unique_ptr<ShardedOptimizer> sharded_opt;
   std::unique_ptr<torch::optim::Optimizer> plain_opt;
   if (options.shard_optimizer)
-    sharded_opt = std::make_unique<ShardedOptimizer>(ddp, [&](std::vector<torch::Tensor> p) {
-      return make_opt(p, opt_kind);
-    });
+    sharded_opt =
+        std::make_unique<ShardedOptimizer>(ddp, [&](std::vector<torch::Tensor> p) { return make_opt(p, opt_kind); });
   else
     plain_opt = make_opt(ddp.owned_parameters(), opt_kind);
   torch::optim::Optimizer& opt = sharded_opt ? sharded_opt->local() : *plain_opt;

@@ -274,8 +274,7 @@ TEST(Console, SummaryNamesTheCheckpointAndTheNextCommands) {
   s.resume_command = "mpirun -np 2 build/h5ddp-train";
   s.program = "build/h5ddp-train";
   const std::string text = console::summary(s);
-  EXPECT_NE(text.find("trained to step 20 (2 of 2 epochs complete) in 1.2 s at 2 ranks\n"), std::string::npos)
-      << text;
+  EXPECT_NE(text.find("trained to step 20 (2 of 2 epochs complete) in 1.2 s at 2 ranks\n"), std::string::npos) << text;
   EXPECT_NE(text.find("test accuracy: 50.00% on 10 images\n"), std::string::npos) << text;
   EXPECT_NE(text.find("\n  mpirun -np 2 build/h5ddp-train\n"), std::string::npos) << text;
   EXPECT_NE(text.find("build/h5ddp-ckpt info 'runs/a b/ckpt-00000020.h5'"), std::string::npos) << text;
