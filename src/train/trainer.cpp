@@ -114,7 +114,7 @@ CheckpointerOptions checkpointer_options(const TrainConfig& c) {
 // The checkpointing (triggers, signals, saves, resume) is the Checkpointer's, as in a user's own loop.
 class Trainer {
  public:
-  Trainer(const TrainConfig& config, Comm& comm)
+  Trainer(const TrainConfig& config, MpiComm& comm)
       : config_(config),
         comm_(comm),
         root_(comm.rank() == 0),
@@ -588,7 +588,7 @@ class Trainer {
   }
 
   const TrainConfig& config_;
-  Comm& comm_;
+  MpiComm& comm_;
   const bool root_;
   SignalScope signals_;
   StallWatch watch_;
@@ -617,7 +617,7 @@ class Trainer {
 
 }  // namespace
 
-TrainResult run_training(const TrainConfig& config, Comm& comm) {
+TrainResult run_training(const TrainConfig& config, MpiComm& comm) {
   return Trainer(config, comm).run();
 }
 
