@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
   }
   h5ddp::log::init_from_env();
   h5ddp::MpiEnv env(&argc, &argv);
-  std::unique_ptr<h5ddp::Comm> comm;
+  std::unique_ptr<h5ddp::MpiComm> comm;
   try {
     comm = h5ddp::MpiComm::dup(MPI_COMM_WORLD);
     return run(command, argc, argv, comm.get(), false);

@@ -167,7 +167,8 @@ std::string capture_error(F&& f) {
 }
 // What this rank passes to Comm::rethrow_first, the one agreement helper ("agree, then throw"): null when
 // `local_error` is empty, else a CheckpointError (CheckpointMismatchError with `mismatch`) carrying it, so that
-// every rank raises the checkpoint layer's error type with the lowest failing rank's message.
+// every rank raises the checkpoint layer's error type with the lowest failing rank's message. A message that
+// starts with a process tag already (another rank's error, captured again) gets no second one.
 std::exception_ptr checkpoint_error(const std::string& local_error, bool mismatch = false);
 // Runs f(); its error (any exception) as checkpoint_error of its message, null when it succeeded:
 // comm.rethrow_first(checkpoint_error_of([&] { ... })) so that no rank leaves a collective sequence alone.
