@@ -112,9 +112,10 @@ void load_checkpoint(MpiComm& comm, const std::string& path, TrainState& state, 
 // Collective. The same load in one descent: opens the file once, reads its manifest once (errors as
 // read_manifest), then asks the caller where the bytes go: destinations(manifest) is called once on every
 // rank and returns the TrainState whose refs are compared and filled as above (it may allocate, e.g. the
-// optimizer state the manifest lists, and may itself be collective). The TrainState must outlive the call.
-// An exception from destinations on any rank is raised on every rank (Comm::rethrow_first: the lowest failing
-// rank's error, of its type) and nothing is read.
+// optimizer state the manifest lists; a collective inside it must be one every rank completes or leaves by
+// the same exception, e.g. Comm::raise_if_any). The TrainState must outlive the call. An exception from
+// destinations on any rank is raised on every rank (Comm::rethrow_first: the lowest failing rank's error, of
+// its type) and nothing is read.
 using LoadDestinations = std::function<TrainState&(const CheckpointManifest& manifest)>;
 void load_checkpoint(MpiComm& comm, const std::string& path, const LoadDestinations& destinations,
                      const LoadOptions& options = {});
