@@ -92,7 +92,7 @@ std::vector<int64_t> int_list(const std::string& option, const std::string& s) {
 }
 
 // Runs the subcommand. Usage errors throw ConfigError before MPI starts; the rest run under MPI.
-int run(const std::string& command, int argc, char** argv, h5ddp::Comm* comm, bool dry) {
+int run(const std::string& command, int argc, char** argv, h5ddp::MpiComm* comm, bool dry) {
   using namespace h5ddp::interop;
   const bool root = comm == nullptr || comm->rank() == 0;
   if (command == "export") {
@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
   }
   h5ddp::log::init_from_env();
   h5ddp::MpiEnv env(&argc, &argv);
-  std::unique_ptr<h5ddp::Comm> comm;
+  std::unique_ptr<h5ddp::MpiComm> comm;
   try {
     comm = h5ddp::MpiComm::dup(MPI_COMM_WORLD);
     return run(command, argc, argv, comm.get(), false);

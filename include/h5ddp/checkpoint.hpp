@@ -17,6 +17,10 @@
 
 namespace h5ddp {
 
+// The functions that do MPI-IO take the MpiComm whose communicator the file is opened on (h5ddp/mpi_comm.hpp);
+// the others only agree and broadcast, over any Comm.
+class MpiComm;
+
 struct SaveOptions {
   bool fsync = true;   // fsync the file (every rank) and the directory before and after the rename
   int keep_last = 0;   // retention: keep the K newest ckpt-<step>.h5 (0 = keep all)
@@ -51,7 +55,7 @@ struct SaveResult {
 // bit-identical on all ranks (checked as SaveOptions::verify_replicas says); otherwise DisagreementError on
 // every rank and nothing committed (no file, or the partial file removed). I/O errors:
 // CheckpointError/H5Error on every rank, the partial file removed, previous checkpoint and latest untouched.
-SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::string& run_dir,
+SaveResult save_checkpoint(MpiComm& comm, const TrainState& state, const std::string& run_dir,
                            const SaveOptions& options = {});
 
 struct TensorInfo {
@@ -76,10 +80,10 @@ struct CheckpointManifest {
   uint64_t tensor_bytes = 0;                       // model + optimizer state
 };
 
-// Collective. Reads only metadata (rank 0 reads, HDF5 broadcasts): lets the caller allocate optimizer
-// state before load_checkpoint. Throws CheckpointError naming the file for a non-HDF5 file, a non-h5ddp
-// file or an unsupported format version.
-CheckpointManifest read_manifest(Comm& comm, const std::string& path);
+// Collective. Reads only metadata (rank 0 reads, HDF5 broadcasts). Throws CheckpointError naming the file for
+// a non-HDF5 file, a non-h5ddp file or an unsupported format version. A load that needs the manifest to
+// allocate its destinations takes it from load_checkpoint's `destinations` callback instead (one open).
+CheckpointManifest read_manifest(MpiComm& comm, const std::string& path);
 
 enum class LoadStrategy {
   kShareExchange,   // each rank reads a contiguous share of the bytes, then ranks broadcast what they read
@@ -107,7 +111,18 @@ struct LoadOptions {
 // refs' memory, counters, data, scheduler, optimizer groups/type, rng_by_rank (and rng = row `rank` when
 // rank < saved world size), saved_world_size, meta.
 // On error, the refs' memory may have been partly overwritten.
-void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, const LoadOptions& options = {});
+void load_checkpoint(MpiComm& comm, const std::string& path, TrainState& state, const LoadOptions& options = {});
+
+// Collective. The same load in one descent: opens the file once, reads its manifest once (errors as
+// read_manifest), then asks the caller where the bytes go: destinations(manifest) is called once on every
+// rank and returns the TrainState whose refs are compared and filled as above (it may allocate, e.g. the
+// optimizer state the manifest lists; a collective inside it must be one every rank completes or leaves by
+// the same exception, e.g. Comm::raise_if_any). The TrainState must outlive the call. An exception from
+// destinations on any rank is raised on every rank (Comm::rethrow_first: the lowest failing rank's error, of
+// its type) and nothing is read.
+using LoadDestinations = std::function<TrainState&(const CheckpointManifest& manifest)>;
+void load_checkpoint(MpiComm& comm, const std::string& path, const LoadDestinations& destinations,
+                     const LoadOptions& options = {});
 
 // Collective, the same list on every rank. The checkpoints an automatic resume tries, in order: every
 // ckpt-<step>.h5 of run_dir from the highest step down (never a *.partial). The rename of <name>.partial to
@@ -135,7 +150,7 @@ std::optional<std::string> resume_newest(Comm& comm, const std::string& run_dir,
 // next one down with a warning naming what was wrong (the order of list_resume_candidates);
 // std::nullopt when there is none (a fresh run must not fail). Checksums are verified in parallel (each rank
 // hashes a share of the datasets).
-std::optional<std::string> find_resume_checkpoint(Comm& comm, const std::string& run_dir);
+std::optional<std::string> find_resume_checkpoint(MpiComm& comm, const std::string& run_dir);
 
 // Collective. For a run that starts fresh in run_dir (--resume none): the ckpt-<step>.h5 files already there
 // (the same list on every rank), which a later automatic resume would take while their step is higher than
@@ -149,7 +164,7 @@ void write_run_dir_pointer(const std::string& run_dir, const std::string& name, 
 
 // Collective. Full verification of one file (structure + every checksum), datasets shared among ranks.
 // Returns the problems found (empty = valid), the same list on every rank.
-std::vector<std::string> verify_checkpoint_collective(Comm& comm, const std::string& path);
+std::vector<std::string> verify_checkpoint_collective(MpiComm& comm, const std::string& path);
 
 // Non-collective, single process (for h5ddp-ckpt verify): recompute every checksum, check structure against
 // docs/FORMAT.md. Never throws for a bad file: every problem goes into the report.

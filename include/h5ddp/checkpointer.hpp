@@ -95,8 +95,9 @@ class Checkpointer {
  public:
   // Collective (with async: duplicates the communicator). The model, optimizer and comm must outlive
   // the Checkpointer; every optimizer parameter must be a parameter of the model. Throws ConfigError for
-  // an optimizer other than Adam, AdamW or SGD.
-  Checkpointer(Comm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+  // an optimizer other than Adam, AdamW or SGD. `comm` is the MpiComm the files are written and read over
+  // with MPI-IO (h5ddp/mpi_comm.hpp; e.g. MpiComm::dup(MPI_COMM_WORLD)).
+  Checkpointer(MpiComm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                CheckpointerOptions options = {});
   // Collective. ZeRO-1: the optimizer of a ShardedOptimizer (options.shard_optimizer is set from it).
   Checkpointer(Comm& comm, torch::nn::Module& model, ShardedOptimizer& optimizer, CheckpointerOptions options = {});
@@ -168,7 +169,7 @@ class Checkpointer {
   TrainState export_state();
   void save_guarded(bool final_save);
 
-  Comm& comm_;
+  MpiComm& comm_;
   CheckpointerOptions options_;
   std::unique_ptr<Impl> impl_;
   Counters counters_;

@@ -131,7 +131,19 @@ class DistributedDataParallel {
 
  private:
   struct Bucket;
+  // Collective. Every rank built the same model and options, else DisagreementError on every rank naming the
+  // first difference (local problems, e.g. CUDA tensors without a device_comm, first).
   void check_same_model();
+  std::string local_model_problem() const;
+  std::vector<std::string> model_signature() const;  // options, then "kind name dtype[shape]" per tensor
+  [[noreturn]] void raise_model_difference(const std::vector<std::string>& entries, const std::string& joined);
+  // The phases of finish_backward: unused parameters' gradients into their buckets and the rest launched
+  // (returns the unused ones); every reduction waited for (returns the unused count over ranks when sharded);
+  // the sums averaged; every .grad pointed at its bucket slot.
+  std::vector<size_t> flush_unused();
+  double wait_for_reductions(size_t unused_here, Work* used_work);
+  void average_gradients();
+  void point_grads_at_buckets(const torch::Tensor& used_map);
   void build_buckets();
   void launch_ready_buckets(bool from_hook);
   void launch(size_t b, bool from_hook);

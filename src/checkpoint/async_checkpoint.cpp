@@ -65,6 +65,34 @@ void copy_bytes(void* dst, const void* src, size_t n) {
   std::memcpy(dst, src, n);
 }
 
+struct Copy {
+  void* dst;
+  const void* src;
+  size_t n;
+};
+
+// Runs the copies, on up to 4 threads when `parallel` (the state is large).
+void run_copies(const std::vector<Copy>& copies, bool parallel) {
+  unsigned threads = parallel ? std::max(1u, std::min(4u, std::thread::hardware_concurrency())) : 1u;
+  if (threads <= 1) {
+    for (const Copy& c : copies) copy_bytes(c.dst, c.src, c.n);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  std::vector<std::string> errors(threads);
+  auto work = [&](unsigned id) {
+    errors[id] = ckpt::capture_error([&] {
+      for (size_t i = next++; i < copies.size(); i = next++) copy_bytes(copies[i].dst, copies[i].src, copies[i].n);
+    });
+  };
+  std::vector<std::thread> pool;
+  for (unsigned i = 1; i < threads; ++i) pool.emplace_back(work, i);
+  work(0);
+  for (auto& th : pool) th.join();
+  for (const auto& e : errors)
+    if (!e.empty()) throw CheckpointError("copying the state for an asynchronous save: " + e);
+}
+
 }  // namespace
 
 // One host arena for every tensor of the snapshot, grown only when the state gets bigger. Pinned in CUDA
@@ -108,14 +136,14 @@ struct AsyncCheckpointer::Buffers {
   }
 };
 
-AsyncCheckpointer::AsyncCheckpointer(Comm& comm) : comm_(comm), buffers_(std::make_unique<Buffers>()) {
+AsyncCheckpointer::AsyncCheckpointer(MpiComm& comm) : comm_(comm), buffers_(std::make_unique<Buffers>()) {
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
   threaded_ = level >= MPI_THREAD_MULTIPLE;
   // Every rank must take the same path (the worker's collectives pair up across ranks).
   threaded_ = comm_.all_ok(threaded_);
   if (threaded_)
-    bg_comm_ = MpiComm::dup(ckpt::mpi_comm_of(comm_));
+    bg_comm_ = MpiComm::dup(comm_.handle());
   else if (comm_.rank() == 0)
     log::warn("MPI_THREAD_MULTIPLE not granted: --async-checkpoint saves synchronously");
 }
@@ -138,7 +166,7 @@ void AsyncCheckpointer::finish() {
   std::string error = std::move(worker_error_);
   worker_error_.clear();
   try {
-    ckpt::throw_if_any(comm_, error);
+    comm_.rethrow_first(ckpt::checkpoint_error(error));
   } catch (Error& e) {
     e.add_context("asynchronous save of step " + std::to_string(snapshot_.counters.step) + " to " + run_dir_);
     throw;
@@ -153,8 +181,21 @@ void AsyncCheckpointer::start(const TrainState& state, const std::string& run_di
   timing_ = AsyncSaveTiming();
   timing_.wait_seconds = since(t0);
 
-  // Snapshot: assigning into the same members reuses their capacity; tensor bytes go to the arena.
   const auto t1 = Clock::now();
+  take_snapshot(state, run_dir, options);
+  timing_.copy_seconds = since(t1);
+
+  if (!threaded_) {
+    last_result_ = save_checkpoint(comm_, snapshot_, run_dir_, options_);
+    timing_.blocked_seconds = since(t0);
+    return;
+  }
+  launch_worker();
+  timing_.blocked_seconds = since(t0);
+}
+
+void AsyncCheckpointer::take_snapshot(const TrainState& state, const std::string& run_dir, const SaveOptions& options) {
+  // Assigning into the same members reuses their capacity; tensor bytes go to the arena (copy_tensors).
   snapshot_.counters = state.counters;
   snapshot_.data = state.data;
   snapshot_.scheduler = state.scheduler;
@@ -167,7 +208,10 @@ void AsyncCheckpointer::start(const TrainState& state, const std::string& run_di
   snapshot_.meta = state.meta;
   run_dir_ = run_dir;
   options_ = options;
+  copy_tensors();
+}
 
+void AsyncCheckpointer::copy_tensors() {
   std::vector<TensorRef*> refs;
   for (auto& t : snapshot_.model) refs.push_back(&t);
   for (auto& t : snapshot_.optimizer.state) refs.push_back(&t);
@@ -176,11 +220,6 @@ void AsyncCheckpointer::start(const TrainState& state, const std::string& run_di
   for (TensorRef* t : refs) total += align_up(t->nbytes());
   buffers_->reserve(total);
 
-  struct Copy {
-    void* dst;
-    const void* src;
-    size_t n;
-  };
   std::vector<Copy> copies;
   size_t offset = 0;
   auto* base = static_cast<char*>(buffers_->data);
@@ -195,33 +234,10 @@ void AsyncCheckpointer::start(const TrainState& state, const std::string& run_di
     offset += align_up(n);
   }
   timing_.bytes_copied = offset;
+  run_copies(copies, offset >= kParallelCopyBytes);
+}
 
-  unsigned threads =
-      offset >= kParallelCopyBytes ? std::max(1u, std::min(4u, std::thread::hardware_concurrency())) : 1u;
-  if (threads <= 1) {
-    for (const Copy& c : copies) copy_bytes(c.dst, c.src, c.n);
-  } else {
-    std::atomic<size_t> next{0};
-    std::vector<std::string> errors(threads);
-    auto work = [&](unsigned id) {
-      errors[id] = ckpt::capture_error([&] {
-        for (size_t i = next++; i < copies.size(); i = next++) copy_bytes(copies[i].dst, copies[i].src, copies[i].n);
-      });
-    };
-    std::vector<std::thread> pool;
-    for (unsigned i = 1; i < threads; ++i) pool.emplace_back(work, i);
-    work(0);
-    for (auto& th : pool) th.join();
-    for (const auto& e : errors)
-      if (!e.empty()) throw CheckpointError("copying the state for an asynchronous save: " + e);
-  }
-  timing_.copy_seconds = since(t1);
-
-  if (!threaded_) {
-    last_result_ = save_checkpoint(comm_, snapshot_, run_dir_, options_);
-    timing_.blocked_seconds = since(t0);
-    return;
-  }
+void AsyncCheckpointer::launch_worker() {
   worker_error_.clear();
   worker_result_ = SaveResult();
   done_.store(false);
@@ -234,7 +250,6 @@ void AsyncCheckpointer::start(const TrainState& state, const std::string& run_di
     }
     done_.store(true, std::memory_order_release);
   });
-  timing_.blocked_seconds = since(t0);
 }
 
 bool AsyncCheckpointer::poll() {

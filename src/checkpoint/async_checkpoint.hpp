@@ -19,6 +19,7 @@
 
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/comm.hpp"
+#include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/train_state.hpp"
 
 namespace h5ddp {
@@ -34,8 +35,9 @@ struct AsyncSaveTiming {
 class AsyncCheckpointer {
  public:
   // Collective over `comm`: duplicates its MPI communicator for the background thread. `comm` must
-  // outlive this object and is used (by the calling thread only) to agree on outcomes.
-  explicit AsyncCheckpointer(Comm& comm);
+  // outlive this object and is used (by the calling thread only) to agree on outcomes and, without
+  // MPI_THREAD_MULTIPLE, to save synchronously.
+  explicit AsyncCheckpointer(MpiComm& comm);
   // Waits for a save in flight (a committed checkpoint is never abandoned); logs its error, never throws.
   ~AsyncCheckpointer();
   AsyncCheckpointer(const AsyncCheckpointer&) = delete;
@@ -68,9 +70,14 @@ class AsyncCheckpointer {
   struct Buffers;
   // Joins the worker (if any) and agrees on its outcome; throws on all ranks if it failed anywhere.
   void finish();
+  // The phases of start(): the state's small fields by value and its tensors copied into buffers_ (the
+  // snapshot's refs point there), then the worker thread that saves the snapshot.
+  void take_snapshot(const TrainState& state, const std::string& run_dir, const SaveOptions& options);
+  void copy_tensors();
+  void launch_worker();
 
-  Comm& comm_;
-  std::unique_ptr<Comm> bg_comm_;  // used by the worker thread only
+  MpiComm& comm_;
+  std::unique_ptr<MpiComm> bg_comm_;  // used by the worker thread only
   std::unique_ptr<Buffers> buffers_;
   TrainState snapshot_;  // what the worker writes: tensors point into buffers_
   std::string run_dir_;

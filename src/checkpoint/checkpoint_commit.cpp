@@ -95,12 +95,13 @@ std::vector<std::string> warn_of_checkpoints_in_fresh_run_dir(Comm& comm, const 
   return found;
 }
 
-std::optional<std::string> find_resume_checkpoint(Comm& comm, const std::string& run_dir) {
+std::optional<std::string> find_resume_checkpoint(MpiComm& comm, const std::string& run_dir) {
   return resume_newest(comm, run_dir, [&](const std::string& path) {
     const auto problems = verify_checkpoint_collective(comm, path);  // the same list on every rank
-    if (problems.size() == 1) throw CheckpointError(problems.front());
+    if (problems.size() == 1) std::rethrow_exception(ckpt::checkpoint_error(problems.front()));
     if (problems.size() > 1)
-      throw CheckpointError(problems.front() + " (+" + std::to_string(problems.size() - 1) + " more problems)");
+      std::rethrow_exception(
+          ckpt::checkpoint_error(problems.front() + " (+" + std::to_string(problems.size() - 1) + " more problems)"));
   });
 }
 

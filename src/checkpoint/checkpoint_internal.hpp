@@ -1,5 +1,5 @@
 // Private pieces shared by the checkpoint sources: the write/read plan (pure: which dataset, which rows,
-// which rank), hashing, collective error propagation, the MPI communicator behind a Comm, fault injection.
+// which rank), hashing, errors for Comm::rethrow_first, fault injection.
 #pragma once
 
 #include <mpi.h>
@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <list>
 #include <mutex>
 #include <string>
@@ -17,6 +18,7 @@
 #include "h5/h5.hpp"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/comm.hpp"
+#include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/train_state.hpp"
 
 namespace h5ddp::ckpt {
@@ -151,13 +153,9 @@ class PhaseTimer {
   std::string timeline_;
 };
 
-// Collective. If any rank passes a non-empty message, every rank throws CheckpointError carrying the lowest
-// such rank's message (so no rank goes on into a collective alone).
-void throw_if_any(Comm& comm, const std::string& local_error, bool mismatch = false);
 // `message` without this process's leading "[host rank r/N] " tag (re-added once by whoever rethrows).
 std::string strip_process_tag(const std::string& message);
 // Runs f(), returning its exception message without the process tag ("" when it succeeded).
-// For use before throw_if_any, so that no rank leaves a collective sequence alone.
 template <class F>
 std::string capture_error(F&& f) {
   try {
@@ -167,10 +165,17 @@ std::string capture_error(F&& f) {
     return strip_process_tag(e.what());
   }
 }
-
-// The MPI communicator behind `comm` (an MpiComm); for other backends a duplicate of MPI_COMM_WORLD when
-// comm spans the world in the same rank order. Throws ConfigError otherwise.
-MPI_Comm mpi_comm_of(Comm& comm);
+// What this rank passes to Comm::rethrow_first, the one agreement helper ("agree, then throw"): null when
+// `local_error` is empty, else a CheckpointError (CheckpointMismatchError with `mismatch`) carrying it, so that
+// every rank raises the checkpoint layer's error type with the lowest failing rank's message. A message that
+// starts with a process tag already (another rank's error, captured again) gets no second one.
+std::exception_ptr checkpoint_error(const std::string& local_error, bool mismatch = false);
+// Runs f(); its error (any exception) as checkpoint_error of its message, null when it succeeded:
+// comm.rethrow_first(checkpoint_error_of([&] { ... })) so that no rank leaves a collective sequence alone.
+template <class F>
+std::exception_ptr checkpoint_error_of(F&& f) {
+  return checkpoint_error(capture_error(std::forward<F>(f)));
+}
 
 // Test-only hook (issues 9, 23): H5DDP_FAULT_INJECT=<phase>:<rank|all>, armed by H5DDP_TEST_HOOKS=1, raises
 // SIGKILL on the named rank(s) when the save reaches `phase`: before_data, mid_data, before_rename,
@@ -182,9 +187,12 @@ void maybe_inject_fault(const char* phase, int rank);
 // receives (share + exchange) it, before it is verified: one node's copy gone wrong.
 bool fault_armed(const char* phase, int rank);
 
-// Opens a checkpoint for reading: collectively with MPI-IO (comm != nullptr) or by this process alone.
-// Throws CheckpointError for a missing, non-HDF5, non-h5ddp or unsupported-version file.
-h5::Handle open_checkpoint(Comm* comm, const std::string& path);
+// Opens a checkpoint for reading: collectively with MPI-IO over comm's communicator (comm != nullptr) or by this
+// process alone. Throws CheckpointError for a missing, non-HDF5, non-h5ddp or unsupported-version file.
+h5::Handle open_checkpoint(MpiComm* comm, const std::string& path);
+// Test-only: how many files open_checkpoint has opened (H5Fopen) in this process so far; a test asserts that a
+// resume opens its checkpoint exactly once per rank.
+int checkpoint_opens();
 // Reads the manifest from an open file (collective when the file was opened collectively).
 CheckpointManifest read_manifest_from(hid_t file, const std::string& path);
 // Every dataset the manifest says the file holds (tensors, names, counters, rng), dst/src unset.

@@ -19,6 +19,11 @@ namespace h5ddp {
 namespace {
 
 using ckpt::DatasetPlan;
+using Clock = std::chrono::steady_clock;
+
+std::string seconds_since(Clock::time_point t0) {
+  return std::to_string(std::chrono::duration<double>(Clock::now() - t0).count());
+}
 
 std::string describe(DType dtype, const std::vector<int64_t>& shape) {
   return std::string(dtype_name(dtype)) + " " + ckpt::shape_string(shape);
@@ -99,9 +104,9 @@ h5::Handle open_dataset(hid_t f, const std::string& path) {
 // tensor piece measured several times slower than the bytes warrant (each collective pays a latency, large
 // when ranks are oversubscribed), so each owner sends its whole share in one MPI_Bcast of an hindexed
 // datatype over the destination addresses (zero-copy; groups of <= 1 GiB keep MPI's int sizes safe).
-void exchange_shares(Comm& comm, const std::vector<DatasetPlan>& plan, const std::vector<ckpt::Segment>& segments) {
+void exchange_shares(MpiComm& comm, const std::vector<DatasetPlan>& plan, const std::vector<ckpt::Segment>& segments) {
   constexpr size_t kGroupBytes = 1u << 30;
-  MPI_Comm mc = ckpt::mpi_comm_of(comm);
+  MPI_Comm mc = comm.handle();
   for (int owner = 0; owner < comm.size(); ++owner) {
     std::vector<MPI_Aint> displs;
     std::vector<int> lens;
@@ -189,13 +194,12 @@ std::optional<uint64_t> raw_offset(hid_t ds, const DatasetPlan& d) {
 
 // Whether this rank reads around the page cache (LoadOptions::direct_io). Collective when `mode` is kAuto:
 // the ranks of `comm` that share this host are found as MpiEnv finds a node's ranks (MPI_COMM_TYPE_SHARED).
-bool use_direct_io(Comm& comm, LoadOptions::DirectIo mode) {
+bool use_direct_io(MpiComm& comm, LoadOptions::DirectIo mode) {
   if (mode != LoadOptions::DirectIo::kAuto) return mode == LoadOptions::DirectIo::kOn;
   int on_host = 1;
   if (comm.size() > 1) {
     MPI_Comm host;
-    H5DDP_CHECK_MPI(
-        MPI_Comm_split_type(ckpt::mpi_comm_of(comm), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &host));
+    H5DDP_CHECK_MPI(MPI_Comm_split_type(comm.handle(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &host));
     MPI_Comm_size(host, &on_host);
     MPI_Comm_free(&host);
   }
@@ -206,71 +210,80 @@ bool use_direct_io(Comm& comm, LoadOptions::DirectIo mode) {
   return on;
 }
 
-// Reads the tensors with the chosen strategy; on return (without exception) every rank holds every byte, and
-// `hasher` holds the hash of every dataset with verify_here[i]: every-rank-reads hashes them while reading them
-// (read_pieces, or as read_extents_direct hands over the pieces when `direct`; recorded), share + exchange
-// submits each to the background thread once its bytes are in.
-void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, LoadStrategy strategy, bool direct,
-                  const std::string& path, const std::vector<char>& verify_here, ckpt::BackgroundHasher& hasher) {
-  const int rank = comm.rank(), world = comm.size();
-  std::string error;
-  h5::Handle coll = h5::transfer(true), indep = h5::transfer(false);
-  if (strategy == LoadStrategy::kEveryRankReads) {
-    // Contiguous datasets of a directly readable type go to read_extents_direct (when `direct`), the rest
-    // through H5Dread.
-    std::vector<ckpt::FileExtent> extents;
-    std::vector<size_t> extent_slot;
-    std::vector<char> bounce;                          // reused for every dataset of this load
-    bool flip = ckpt::fault_armed("load_flip", rank);  // test hook: this rank's copy of one tensor goes wrong
-    for (size_t i = 0; i < plan.size() && error.empty(); ++i) {
-      const auto& d = plan[i];
-      if (d.nbytes() > 0)
-        error = ckpt::capture_error([&] {
-          with_context("reading " + d.path + " from " + path, [&] {
-            h5::SilenceErrors quiet;
-            h5::Handle ds = open_dataset(f, d.path);
-            if (direct && d.nbytes() >= kDirectMinBytes) {
-              if (const auto offset = raw_offset(ds, d)) {
-                extents.push_back(ckpt::FileExtent{*offset, d.nbytes(), static_cast<char*>(d.dst), d.path});
-                extent_slot.push_back(i);
-                return;
-              }
-            }
-            std::optional<ckpt::StreamHash> hash;
-            if (verify_here[i]) hash.emplace();
-            read_pieces(ds, d, indep, hash ? &*hash : nullptr, bounce_reads() ? &bounce : nullptr, flip);
-            flip = false;
-            if (hash) hasher.record(i, hash->digest());
-          });
-        });
-      else if (verify_here[i])
-        hasher.record(i, ckpt::hash_bytes(nullptr, 0));
+// Reads one dataset with H5Dread (every-rank-reads), hashing it as it reads when verify_here; or, when `direct`
+// and the dataset is large and raw, only lists it in `extents` for read_extents_direct.
+void read_dataset_whole(hid_t f, const DatasetPlan& d, size_t i, hid_t dxpl, bool direct, bool verify_here,
+                        std::vector<ckpt::FileExtent>& extents, std::vector<size_t>& extent_slot,
+                        std::vector<char>& bounce, bool& flip, ckpt::BackgroundHasher& hasher) {
+  h5::SilenceErrors quiet;
+  h5::Handle ds = open_dataset(f, d.path);
+  if (direct && d.nbytes() >= kDirectMinBytes) {
+    if (const auto offset = raw_offset(ds, d)) {
+      extents.push_back(ckpt::FileExtent{*offset, d.nbytes(), static_cast<char*>(d.dst), d.path});
+      extent_slot.push_back(i);
+      return;
     }
-    if (error.empty() && !extents.empty())
+  }
+  std::optional<ckpt::StreamHash> hash;
+  if (verify_here) hash.emplace();
+  read_pieces(ds, d, dxpl, hash ? &*hash : nullptr, bounce_reads() ? &bounce : nullptr, flip);
+  flip = false;
+  if (hash) hasher.record(i, hash->digest());
+}
+
+// Every rank reads every byte: contiguous datasets of a directly readable type go to read_extents_direct (when
+// `direct`), the rest through H5Dread; each dataset with verify_here[i] is hashed as it arrives (recorded).
+void read_every_rank(MpiComm& comm, hid_t f, const std::vector<DatasetPlan>& plan, bool direct, const std::string& path,
+                     const std::vector<char>& verify_here, ckpt::BackgroundHasher& hasher) {
+  std::string error;
+  std::vector<ckpt::FileExtent> extents;
+  std::vector<size_t> extent_slot;
+  std::vector<char> bounce;  // reused for every dataset of this load
+  h5::Handle indep = h5::transfer(false);
+  bool flip = ckpt::fault_armed("load_flip", comm.rank());  // test hook: this rank's copy of one tensor goes wrong
+  for (size_t i = 0; i < plan.size() && error.empty(); ++i) {
+    const auto& d = plan[i];
+    if (d.nbytes() > 0)
       error = ckpt::capture_error([&] {
-        // The pieces arrive in order, one extent after the other: one streaming hash at a time, recorded when
-        // its extent's last byte is in.
-        std::optional<ckpt::StreamHash> hash;
-        uint64_t hashed = 0;
-        ckpt::read_extents_direct(path, extents, [&](size_t e, const char* data, size_t n) {
-          if (!verify_here[extent_slot[e]]) return;
-          if (!hash) hash.emplace(), hashed = 0;
-          hash->update(data, n);
-          if ((hashed += n) == extents[e].n) hasher.record(extent_slot[e], hash->digest()), hash.reset();
+        with_context("reading " + d.path + " from " + path, [&] {
+          read_dataset_whole(f, d, i, indep, direct, verify_here[i], extents, extent_slot, bounce, flip, hasher);
         });
       });
-    ckpt::throw_if_any(comm, error);
-    return;
+    else if (verify_here[i])
+      hasher.record(i, ckpt::hash_bytes(nullptr, 0));
   }
-  const auto segments = ckpt::compute_segments(plan, world);
-  std::vector<int> pieces(plan.size(), 0);
-  for (const auto& s : segments) ++pieces[s.index];
+  if (error.empty() && !extents.empty())
+    error = ckpt::capture_error([&] {
+      // The pieces arrive in order, one extent after the other: one streaming hash at a time, recorded when
+      // its extent's last byte is in.
+      std::optional<ckpt::StreamHash> hash;
+      uint64_t hashed = 0;
+      ckpt::read_extents_direct(path, extents, [&](size_t e, const char* data, size_t n) {
+        if (!verify_here[extent_slot[e]]) return;
+        if (!hash) hash.emplace(), hashed = 0;
+        hash->update(data, n);
+        if ((hashed += n) == extents[e].n) hasher.record(extent_slot[e], hash->digest()), hash.reset();
+      });
+    });
+  comm.rethrow_first(ckpt::checkpoint_error(error));
+}
+
+// Share + exchange, reading: the datasets split between ranks collectively (all ranks in plan order, calling on
+// after an error), then this rank's whole datasets independently. Returns this rank's first error.
+std::string read_own_share(hid_t f, const std::vector<DatasetPlan>& plan, const std::vector<ckpt::Segment>& segments,
+                           const std::vector<int>& pieces, int rank, const std::string& path, Clock::time_point t0) {
+  std::string error;
+  h5::Handle coll = h5::transfer(true), indep = h5::transfer(false);
   auto at_row = [&](const DatasetPlan& d, uint64_t row) { return static_cast<char*>(d.dst) + row * d.row_bytes(); };
-  const auto t0 = std::chrono::steady_clock::now();
-  auto since = [&] {
-    return std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  auto read = [&](const DatasetPlan& d, uint64_t begin, uint64_t end, hid_t dxpl, size_t calls) {
+    return ckpt::capture_error([&] {
+      with_context("reading " + d.path + " from " + path, [&] {
+        h5::SilenceErrors quiet;
+        h5::Handle ds = open_dataset(f, d.path);
+        ckpt::read_rows(ds, d, begin, end, at_row(d, begin), dxpl, calls);
+      });
+    });
   };
-  // Split datasets: one collective read each, all ranks in plan order (keep calling after an error).
   for (size_t i = 0; i < plan.size(); ++i) {
     if (pieces[i] < 2) continue;
     uint64_t begin = 0, end = 0;
@@ -280,34 +293,31 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
       calls = std::max(calls, ckpt::transfer_count(plan[i], s.row_begin, s.row_end));
       if (s.rank == rank) begin = s.row_begin, end = s.row_end;
     }
-    std::string e = ckpt::capture_error([&] {
-      with_context("reading " + plan[i].path + " from " + path, [&] {
-        h5::SilenceErrors quiet;
-        h5::Handle ds = open_dataset(f, plan[i].path);
-        ckpt::read_rows(ds, plan[i], begin, end, at_row(plan[i], begin), coll, calls);
-      });
-    });
+    std::string e = read(plan[i], begin, end, coll, calls);
     if (error.empty()) error = e;
   }
-  log::debug("load: collective reads done at " + since());
-  for (const auto& s : segments) {
-    if (s.rank != rank || pieces[s.index] >= 2 || !error.empty()) continue;
-    const auto& d = plan[s.index];
-    error = ckpt::capture_error([&] {
-      with_context("reading " + d.path + " from " + path, [&] {
-        h5::SilenceErrors quiet;
-        h5::Handle ds = open_dataset(f, d.path);
-        ckpt::read_rows(ds, d, s.row_begin, s.row_end, at_row(d, s.row_begin), indep);
-      });
-    });
-  }
-  ckpt::throw_if_any(comm, error);
-  log::debug("load: own share read at " + since());
-  if (world > 1) {
+  log::debug("load: collective reads done at " + seconds_since(t0));
+  for (const auto& s : segments)
+    if (s.rank == rank && pieces[s.index] < 2 && error.empty())
+      error = read(plan[s.index], s.row_begin, s.row_end, indep, 0);
+  return error;
+}
+
+// Share + exchange: each rank reads its share, the ranks exchange them, then the datasets with verify_here[i]
+// go to the background hasher (their bytes are all in).
+void read_share_exchange(MpiComm& comm, hid_t f, const std::vector<DatasetPlan>& plan, const std::string& path,
+                         const std::vector<char>& verify_here, ckpt::BackgroundHasher& hasher) {
+  const auto t0 = Clock::now();
+  const auto segments = ckpt::compute_segments(plan, comm.size());
+  std::vector<int> pieces(plan.size(), 0);
+  for (const auto& s : segments) ++pieces[s.index];
+  comm.rethrow_first(ckpt::checkpoint_error(read_own_share(f, plan, segments, pieces, comm.rank(), path, t0)));
+  log::debug("load: own share read at " + seconds_since(t0));
+  if (comm.size() > 1) {
     exchange_shares(comm, plan, segments);
-    log::debug("load: exchange done at " + since());
+    log::debug("load: exchange done at " + seconds_since(t0));
   }
-  if (ckpt::fault_armed("load_flip", rank))
+  if (ckpt::fault_armed("load_flip", comm.rank()))
     for (auto& d : plan)
       if (d.nbytes() > 0) {
         static_cast<char*>(d.dst)[0] ^= 1;
@@ -315,6 +325,18 @@ void read_tensors(Comm& comm, hid_t f, const std::vector<DatasetPlan>& plan, Loa
       }
   for (size_t i = 0; i < plan.size(); ++i)
     if (verify_here[i]) hasher.submit(i, plan[i].dst, plan[i].nbytes());
+}
+
+// Reads the tensors with the chosen strategy; on return (without exception) every rank holds every byte, and
+// `hasher` holds the hash of every dataset with verify_here[i]: every-rank-reads hashes them while reading them
+// (read_pieces, or as read_extents_direct hands over the pieces when `direct`; recorded), share + exchange
+// submits each to the background thread once its bytes are in.
+void read_tensors(MpiComm& comm, hid_t f, const std::vector<DatasetPlan>& plan, LoadStrategy strategy, bool direct,
+                  const std::string& path, const std::vector<char>& verify_here, ckpt::BackgroundHasher& hasher) {
+  if (strategy == LoadStrategy::kEveryRankReads)
+    read_every_rank(comm, f, plan, direct, path, verify_here, hasher);
+  else
+    read_share_exchange(comm, f, plan, path, verify_here, hasher);
 }
 
 // Reads a small dataset whole (every rank), verifying its checksum.
@@ -364,15 +386,9 @@ std::vector<RngState> read_rng(hid_t f, const CheckpointManifest& m, const std::
   return rows;
 }
 
-}  // namespace
-
-void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, const LoadOptions& options) {
-  const int rank = comm.rank();
-  ckpt::PhaseTimer timer;
-  h5::Handle f = ckpt::open_checkpoint(&comm, path);
-  CheckpointManifest m;
-  ckpt::throw_if_any(comm, ckpt::capture_error([&] { m = ckpt::read_manifest_from(f, path); }));
-
+// Collective. The destinations must match the file exactly: ONE CheckpointMismatchError on every rank listing
+// every difference of the refs (the lowest failing rank's list).
+void check_destinations(MpiComm& comm, const std::string& path, const CheckpointManifest& m, const TrainState& state) {
   comm.require_same(state.optimizer.sharded ? 1 : 0, "whether the optimizer state is sharded");
   const bool sharded = state.optimizer.sharded;
   std::string diff =
@@ -383,76 +399,96 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
   if (!diff.empty()) {
     size_t n = 0;
     for (char c : diff) n += c == '\n';
-    diff = path + " does not match the state to load into on rank " + std::to_string(rank) + " (" + std::to_string(n) +
-           " difference" + (n == 1 ? "" : "s") + "):" + diff;
+    diff = path + " does not match the state to load into on rank " + std::to_string(comm.rank()) + " (" +
+           std::to_string(n) + " difference" + (n == 1 ? "" : "s") + "):" + diff;
   }
-  ckpt::throw_if_any(comm, diff, /*mismatch=*/true);
-  timer.mark("open+manifest");
+  comm.rethrow_first(ckpt::checkpoint_error(diff, /*mismatch=*/true));
+}
 
-  std::vector<DatasetPlan> plan = load_plan(state.model, m.model, format::model_dataset);
-  std::vector<DatasetPlan> own = load_plan(state.optimizer.state, m.optimizer_state, format::optimizer_state_dataset);
-  if (!sharded) {
-    for (auto& d : own) plan.push_back(std::move(d));
-    own.clear();
+// The tensors to read: `shared` every rank reads (or receives) whole; with sharded optimizer state, `own` holds
+// the entries this rank's optimizer holds, which it alone reads.
+struct TensorPlan {
+  std::vector<DatasetPlan> shared, own;
+  bool sharded = false;  // agreed (check_destinations)
+};
+TensorPlan plan_tensors(const TrainState& state, const CheckpointManifest& m) {
+  TensorPlan p;
+  p.sharded = state.optimizer.sharded;
+  p.shared = load_plan(state.model, m.model, format::model_dataset);
+  p.own = load_plan(state.optimizer.state, m.optimizer_state, format::optimizer_state_dataset);
+  if (!p.sharded) {
+    for (auto& d : p.own) p.shared.push_back(std::move(d));
+    p.own.clear();
   }
-  for (auto& d : load_plan(state.user, m.user, format::user_dataset)) plan.push_back(std::move(d));
-  // Every rank verifies the checksum of every dataset it keeps, over the bytes in its own memory: a copy that
-  // went wrong on one node (its reads, its page cache, the exchange) cannot pass because another rank's copy
-  // was right. Every-rank-reads hashes each piece as it is read, while it is still in the CPU cache; share +
-  // exchange hashes them on a background thread once the exchange is done.
+  for (auto& d : load_plan(state.user, m.user, format::user_dataset)) p.shared.push_back(std::move(d));
+  return p;
+}
+
+// Collective. Reads every tensor into its destination and verifies its checksum. Every rank verifies the checksum
+// of every dataset it keeps, over the bytes in its own memory: a copy that went wrong on one node (its reads, its
+// page cache, the exchange) cannot pass because another rank's copy was right. Every-rank-reads hashes each piece
+// as it is read, while it is still in the CPU cache; share + exchange hashes them on a background thread once the
+// exchange is done.
+void read_and_verify(MpiComm& comm, hid_t f, const TensorPlan& p, const std::string& path, const LoadOptions& options,
+                     ckpt::PhaseTimer& timer) {
   const bool verify = options.verify_checksums;
-  ckpt::BackgroundHasher hasher(plan.size());
-  const std::vector<char> verify_here(plan.size(), verify ? 1 : 0);
+  ckpt::BackgroundHasher hasher(p.shared.size());
+  const std::vector<char> verify_here(p.shared.size(), verify ? 1 : 0);
   const bool direct = options.strategy == LoadStrategy::kEveryRankReads && use_direct_io(comm, options.direct_io);
-  read_tensors(comm, f, plan, options.strategy, direct, path, verify_here, hasher);
+  read_tensors(comm, f, p.shared, options.strategy, direct, path, verify_here, hasher);
   // Sharded optimizer state: each rank reads (and verifies) exactly the datasets it owns, nothing else.
-  ckpt::BackgroundHasher own_hasher(own.size());
-  if (sharded) {
+  ckpt::BackgroundHasher own_hasher(p.own.size());
+  if (p.sharded) {
     const bool own_direct = use_direct_io(comm, options.direct_io);
-    read_tensors(comm, f, own, LoadStrategy::kEveryRankReads, own_direct, path, std::vector<char>(own.size(), verify),
-                 own_hasher);
+    read_tensors(comm, f, p.own, LoadStrategy::kEveryRankReads, own_direct, path,
+                 std::vector<char>(p.own.size(), verify), own_hasher);
   }
   timer.mark("read");
 
   std::string problems;
   const std::vector<uint64_t> hashed = hasher.finish();
-  for (size_t i = 0; i < plan.size(); ++i)
-    if (verify_here[i] && hashed[i] != plan[i].checksum) problems += "\n  checksum mismatch in dataset " + plan[i].path;
+  for (size_t i = 0; i < p.shared.size(); ++i)
+    if (verify_here[i] && hashed[i] != p.shared[i].checksum)
+      problems += "\n  checksum mismatch in dataset " + p.shared[i].path;
   const std::vector<uint64_t> own_hashed = own_hasher.finish();
-  for (size_t i = 0; i < own.size(); ++i)
-    if (verify && own_hashed[i] != own[i].checksum) problems += "\n  checksum mismatch in dataset " + own[i].path;
+  for (size_t i = 0; i < p.own.size(); ++i)
+    if (verify && own_hashed[i] != p.own[i].checksum) problems += "\n  checksum mismatch in dataset " + p.own[i].path;
   if (!problems.empty())
-    problems = path + ": corrupt data on rank " + std::to_string(rank) + " (the bytes it read" +
+    problems = path + ": corrupt data on rank " + std::to_string(comm.rank()) + " (the bytes it read" +
                (options.strategy == LoadStrategy::kShareExchange ? " or received" : "") +
                " do not match the file's xxh3):" + problems;
-  ckpt::throw_if_any(comm, problems);
+  comm.rethrow_first(ckpt::checkpoint_error(problems));
   timer.mark("verify");
+}
 
+// Counters, data position, generators, scheduler and meta of the file (every rank reads them whole, verified).
+TrainState read_small_state(hid_t f, const CheckpointManifest& m, const std::string& path) {
   TrainState loaded;
-  ckpt::throw_if_any(comm, ckpt::capture_error([&] {
-                       loaded.counters.step = read_scalar<int64_t>(f, format::kTrainStep, path);
-                       loaded.counters.epoch = read_scalar<int64_t>(f, format::kTrainEpoch, path);
-                       loaded.counters.samples_consumed = read_scalar<int64_t>(f, format::kTrainSamplesConsumed, path);
-                       loaded.data.seed = read_scalar<uint64_t>(f, format::kDataSeed, path);
-                       loaded.data.epoch = read_scalar<int64_t>(f, format::kDataEpoch, path);
-                       loaded.data.position = read_scalar<int64_t>(f, format::kDataPosition, path);
-                       loaded.data.global_batch = read_scalar<int64_t>(f, format::kDataGlobalBatch, path);
-                       loaded.rng_by_rank = read_rng(f, m, path);
-                       with_context("reading " + std::string(format::kSchedulerGroup) + " from " + path, [&] {
-                         h5::SilenceErrors quiet;
-                         h5::Handle g = h5::group(H5Gopen2(f, format::kSchedulerGroup, H5P_DEFAULT));
-                         for (const auto& a : h5::attr_names(g)) {
-                           if (a == format::kAttrSchedulerType)
-                             loaded.scheduler.type = h5::read_attr_string(g, a);
-                           else
-                             loaded.scheduler.values[a] = h5::read_attr_double(g, a);
-                         }
-                         h5::Handle meta = h5::group(H5Gopen2(f, format::kMetaGroup, H5P_DEFAULT));
-                         for (const auto& a : h5::attr_names(meta)) loaded.meta[a] = h5::read_attr_string(meta, a);
-                       });
-                     }));
-  f.close();
+  loaded.counters.step = read_scalar<int64_t>(f, format::kTrainStep, path);
+  loaded.counters.epoch = read_scalar<int64_t>(f, format::kTrainEpoch, path);
+  loaded.counters.samples_consumed = read_scalar<int64_t>(f, format::kTrainSamplesConsumed, path);
+  loaded.data.seed = read_scalar<uint64_t>(f, format::kDataSeed, path);
+  loaded.data.epoch = read_scalar<int64_t>(f, format::kDataEpoch, path);
+  loaded.data.position = read_scalar<int64_t>(f, format::kDataPosition, path);
+  loaded.data.global_batch = read_scalar<int64_t>(f, format::kDataGlobalBatch, path);
+  loaded.rng_by_rank = read_rng(f, m, path);
+  with_context("reading " + std::string(format::kSchedulerGroup) + " from " + path, [&] {
+    h5::SilenceErrors quiet;
+    h5::Handle g = h5::group(H5Gopen2(f, format::kSchedulerGroup, H5P_DEFAULT));
+    for (const auto& a : h5::attr_names(g)) {
+      if (a == format::kAttrSchedulerType)
+        loaded.scheduler.type = h5::read_attr_string(g, a);
+      else
+        loaded.scheduler.values[a] = h5::read_attr_double(g, a);
+    }
+    h5::Handle meta = h5::group(H5Gopen2(f, format::kMetaGroup, H5P_DEFAULT));
+    for (const auto& a : h5::attr_names(meta)) loaded.meta[a] = h5::read_attr_string(meta, a);
+  });
+  return loaded;
+}
 
+// Local. What the file says besides the tensors, into the caller's state.
+void apply_small_state(TrainState& state, TrainState&& loaded, const CheckpointManifest& m, int rank) {
   state.counters = loaded.counters;
   state.data = loaded.data;
   state.scheduler = std::move(loaded.scheduler);
@@ -462,8 +498,33 @@ void load_checkpoint(Comm& comm, const std::string& path, TrainState& state, con
   state.rng_by_rank = std::move(loaded.rng_by_rank);
   state.saved_world_size = m.world_size;
   if (rank < m.world_size) state.rng = state.rng_by_rank[rank];
+}
+
+}  // namespace
+
+void load_checkpoint(MpiComm& comm, const std::string& path, const LoadDestinations& destinations,
+                     const LoadOptions& options) {
+  ckpt::PhaseTimer timer;
+  h5::Handle f = ckpt::open_checkpoint(&comm, path);
+  CheckpointManifest m;
+  comm.rethrow_first(ckpt::checkpoint_error_of([&] { m = ckpt::read_manifest_from(f, path); }));
+  TrainState& state = *agreed(comm, [&] { return &destinations(m); });
+  check_destinations(comm, path, m, state);
+  timer.mark("open+manifest");
+
+  read_and_verify(comm, f, plan_tensors(state, m), path, options, timer);
+
+  TrainState loaded;
+  comm.rethrow_first(ckpt::checkpoint_error_of([&] { loaded = read_small_state(f, m, path); }));
+  f.close();
+  apply_small_state(state, std::move(loaded), m, comm.rank());
   timer.mark("small");
   log::debug("load " + path + ":" + timer.timeline());
+}
+
+void load_checkpoint(MpiComm& comm, const std::string& path, TrainState& state, const LoadOptions& options) {
+  load_checkpoint(
+      comm, path, [&](const CheckpointManifest&) -> TrainState& { return state; }, options);
 }
 
 }  // namespace h5ddp

@@ -13,7 +13,6 @@
 #include "checkpoint/format.hpp"
 #include "core/log.hpp"
 #include "h5ddp/error.hpp"
-#include "h5ddp/mpi_comm.hpp"
 
 namespace h5ddp::ckpt {
 
@@ -193,16 +192,24 @@ void add_rng_datasets(Comm& comm, SavePlan& plan, const TrainState& state) {
 
 }  // namespace
 
-OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::vector<int>& owners) {
-  // Each rank describes its share in one text: group sizes and parameter names, then its state entries.
-  std::string mine = std::to_string(state.optimizer.groups.size()) + "\n";
-  for (size_t g = 0; g < state.optimizer.groups.size(); ++g)
-    for (const auto& n : state.optimizer.groups[g].params) mine += "G" + std::to_string(g) + " " + n + "\n";
-  for (const auto& t : state.optimizer.state) {
-    mine += "S" + std::string(dtype_name(t.dtype)) + " " + std::to_string(t.shape.size());
-    for (int64_t d : t.shape) mine += " " + std::to_string(d);
-    mine += " " + t.name + "\n";
+namespace {
+
+// One rank's share of a sharded optimizer, as one text: group count, then "G<group> <param>" lines, then
+// "S<dtype> <dims> <shape...> <entry>" lines.
+std::string describe_shard(const OptimizerState& opt) {
+  std::string out = std::to_string(opt.groups.size()) + "\n";
+  for (size_t g = 0; g < opt.groups.size(); ++g)
+    for (const auto& n : opt.groups[g].params) out += "G" + std::to_string(g) + " " + n + "\n";
+  for (const auto& t : opt.state) {
+    out += "S" + std::string(dtype_name(t.dtype)) + " " + std::to_string(t.shape.size());
+    for (int64_t d : t.shape) out += " " + std::to_string(d);
+    out += " " + t.name + "\n";
   }
+  return out;
+}
+
+// Collective. Every rank's text, indexed by rank (two allgathers: lengths, then the padded texts).
+std::vector<std::string> allgather_strings(Comm& comm, std::string mine) {
   const int world = comm.size();
   uint64_t len = mine.size();
   std::vector<uint64_t> lens(world);
@@ -211,6 +218,83 @@ OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::
   mine.resize(max_len, '\0');
   std::string all(max_len * world, '\0');
   if (max_len) comm.allgather(mine.data(), all.data(), max_len, DType::kU8);
+  std::vector<std::string> out;
+  for (int r = 0; r < world; ++r) out.push_back(all.substr(r * max_len, lens[r]));
+  return out;
+}
+
+// The ranks' shards as read back from their texts.
+struct ShardListing {
+  struct Entry {
+    TensorRef ref;
+    int rank;
+  };
+  std::vector<Entry> entries;                                    // state entries, in rank order
+  std::vector<std::vector<std::pair<std::string, int>>> groups;  // per group: (parameter, rank)
+  std::string problems;                                          // one line each
+  std::map<std::string, int> entry_rank;
+};
+
+// One "S..." line of rank r's text; the data pointer is this rank's own where the entry is its own.
+TensorRef parse_state_line(const std::string& line, int r, int rank, const OptimizerState& own) {
+  std::istringstream f(line.substr(1));
+  std::string dtype;
+  size_t dims = 0;
+  TensorRef t;
+  f >> dtype >> dims;
+  t.dtype = dtype_from_name(dtype);
+  t.shape.resize(dims);
+  for (auto& d : t.shape) f >> d;
+  f.get();
+  std::getline(f, t.name);
+  if (r == rank)
+    for (const auto& mine : own.state)
+      if (mine.name == t.name) t.data = mine.data;
+  return t;
+}
+
+// Adds rank r's text to `out` (group count checked against rank 0's, entries held twice reported).
+void parse_shard(const std::string& text, int r, int rank, const OptimizerState& own, ShardListing& out) {
+  std::istringstream in(text);
+  std::string line;
+  std::getline(in, line);
+  const size_t g_count = std::stoull(line);
+  if (r == 0) {
+    out.groups.resize(g_count);
+  } else if (g_count != out.groups.size()) {
+    out.problems += "\n    rank " + std::to_string(r) + " has " + std::to_string(g_count) +
+                    " param groups, rank 0 has " + std::to_string(out.groups.size());
+    return;
+  }
+  while (std::getline(in, line)) {
+    if (line[0] == 'G') {
+      std::istringstream f(line.substr(1));
+      size_t g = 0;
+      std::string name;
+      f >> g;
+      f.get();
+      std::getline(f, name);
+      out.groups[g].emplace_back(name, r);
+      continue;
+    }
+    TensorRef t = parse_state_line(line, r, rank, own);
+    if (t.name.empty()) continue;
+    auto [it, fresh] = out.entry_rank.emplace(t.name, r);
+    if (!fresh) {
+      out.problems +=
+          "\n    " + t.name + " is held by ranks " + std::to_string(it->second) + " and " + std::to_string(r);
+      continue;
+    }
+    out.entries.push_back(ShardListing::Entry{std::move(t), r});
+  }
+}
+
+}  // namespace
+
+OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::vector<int>& owners) {
+  const std::vector<std::string> texts = allgather_strings(comm, describe_shard(state.optimizer));
+  ShardListing listing;
+  for (int r = 0; r < comm.size(); ++r) parse_shard(texts[r], r, comm.rank(), state.optimizer, listing);
 
   // The model's order (registration order) orders the merged lists, as a replicated optimizer lists them.
   std::map<std::string, size_t> model_index;
@@ -219,65 +303,12 @@ OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::
     auto it = model_index.find(param);
     return it == model_index.end() ? state.model.size() : it->second;
   };
-  struct Entry {
-    TensorRef ref;
-    int rank;
-  };
-  std::vector<Entry> entries;
-  std::vector<std::vector<std::pair<std::string, int>>> groups;  // (name, rank)
-  std::string problems;
-  std::map<std::string, int> entry_rank;
-  size_t group_count = 0;
-  for (int r = 0; r < world; ++r) {
-    std::istringstream in(all.substr(r * max_len, lens[r]));
-    std::string line;
-    std::getline(in, line);
-    const size_t g_count = std::stoull(line);
-    if (r == 0) {
-      group_count = g_count;
-      groups.resize(g_count);
-    } else if (g_count != group_count) {
-      problems += "\n    rank " + std::to_string(r) + " has " + std::to_string(g_count) + " param groups, rank 0 has " +
-                  std::to_string(group_count);
-      continue;
-    }
-    while (std::getline(in, line)) {
-      std::istringstream f(line.substr(1));
-      if (line[0] == 'G') {
-        size_t g = 0;
-        std::string name;
-        f >> g;
-        f.get();
-        std::getline(f, name);
-        groups[g].emplace_back(name, r);
-        continue;
-      }
-      std::string dtype;
-      size_t dims = 0;
-      TensorRef t;
-      f >> dtype >> dims;
-      t.dtype = dtype_from_name(dtype);
-      t.shape.resize(dims);
-      for (auto& d : t.shape) f >> d;
-      f.get();
-      std::getline(f, t.name);
-      if (t.name.empty()) continue;
-      if (r == comm.rank())
-        for (const auto& own : state.optimizer.state)
-          if (own.name == t.name) t.data = own.data;
-      auto [it, fresh] = entry_rank.emplace(t.name, r);
-      if (!fresh) {
-        problems += "\n    " + t.name + " is held by ranks " + std::to_string(it->second) + " and " + std::to_string(r);
-        continue;
-      }
-      entries.push_back(Entry{std::move(t), r});
-    }
-  }
   OptimizerState out;
   out.type = state.optimizer.type;
   out.sharded = true;
-  for (size_t g = 0; g < groups.size() && problems.empty(); ++g) {
-    auto& names = groups[g];
+  std::string& problems = listing.problems;
+  for (size_t g = 0; g < listing.groups.size() && problems.empty(); ++g) {
+    auto& names = listing.groups[g];
     std::stable_sort(names.begin(), names.end(),
                      [&](const auto& a, const auto& b) { return position(a.first) < position(b.first); });
     ParamGroup pg;
@@ -294,11 +325,11 @@ OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::
     throw_agreed(DisagreementError(
         "the ranks' optimizer shards do not partition the optimizer state; no file written:" + problems));
   auto param_of = [](const std::string& entry) { return entry.substr(0, entry.rfind('/')); };
-  std::stable_sort(entries.begin(), entries.end(), [&](const Entry& a, const Entry& b) {
+  std::stable_sort(listing.entries.begin(), listing.entries.end(), [&](const auto& a, const auto& b) {
     return position(param_of(a.ref.name)) < position(param_of(b.ref.name));
   });
   owners.clear();
-  for (auto& e : entries) {
+  for (auto& e : listing.entries) {
     out.state.push_back(std::move(e.ref));
     owners.push_back(e.rank);
   }
@@ -312,7 +343,7 @@ SavePlan make_save_plan(Comm& comm, const TrainState& state) {
   if (state.optimizer.sharded) merged = merge_optimizer_shards(comm, state, owners);
   const OptimizerState& opt = state.optimizer.sharded ? merged : state.optimizer;
   // Local part first (it may throw on a bad name); agree on its outcome before the collective part.
-  throw_if_any(comm, capture_error([&] { add_local_datasets(plan, state, opt, owners, comm.rank()); }));
+  comm.rethrow_first(checkpoint_error_of([&] { add_local_datasets(plan, state, opt, owners, comm.rank()); }));
   add_rng_datasets(comm, plan, state);
 
   std::string desc;
@@ -351,30 +382,26 @@ std::string strip_process_tag(const std::string& message) {
   return message.compare(0, tag.size(), tag) == 0 ? message.substr(tag.size()) : message;
 }
 
-void throw_if_any(Comm& comm, const std::string& local_error, bool mismatch) {
-  int32_t first = local_error.empty() ? std::numeric_limits<int32_t>::max() : comm.rank();
-  comm.allreduce(&first, 1, DType::kI32, ReduceOp::kMin);
-  if (first == std::numeric_limits<int32_t>::max()) return;
-  std::string msg = comm.broadcast_string(local_error, first);
-  if (first != comm.rank()) msg = "rank " + std::to_string(first) + " failed: " + msg;
-  if (mismatch) throw_agreed(CheckpointMismatchError(msg));
-  throw_agreed(CheckpointError(msg));
+namespace {
+// Whether `message` starts with some process's "[host rank r/N] " tag: another rank's error, raised here by
+// Comm::rethrow_first, and captured again (e.g. by the asynchronous save's thread).
+bool starts_with_process_tag(const std::string& message) {
+  if (message.empty() || message[0] != '[') return false;
+  const size_t end = message.find("] ");
+  const size_t at = message.find(" rank ");
+  return end != std::string::npos && at != std::string::npos && at < end && message.find('/', at) < end &&
+         message.find(' ', 1) == at;
 }
+}  // namespace
 
-MPI_Comm mpi_comm_of(Comm& comm) {
-  if (auto* m = dynamic_cast<MpiComm*>(&comm)) return m->handle();
-  int world_rank = 0, world_size = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  if (world_size != comm.size() || world_rank != comm.rank())
-    throw ConfigError("checkpoint I/O needs an MPI communicator: pass an MpiComm (the " + comm.backend() +
-                      " communicator does not span MPI_COMM_WORLD in the same rank order)");
-  static MPI_Comm world_dup = [] {
-    MPI_Comm c;
-    MPI_Comm_dup(MPI_COMM_WORLD, &c);
-    return c;
-  }();
-  return world_dup;
+std::exception_ptr checkpoint_error(const std::string& local_error, bool mismatch) {
+  if (local_error.empty()) return nullptr;
+  if (starts_with_process_tag(local_error)) {  // it names its rank already: no second tag
+    if (mismatch) return std::make_exception_ptr(CheckpointMismatchError(Error::Untagged{}, local_error));
+    return std::make_exception_ptr(CheckpointError(Error::Untagged{}, local_error));
+  }
+  if (mismatch) return std::make_exception_ptr(CheckpointMismatchError(local_error));
+  return std::make_exception_ptr(CheckpointError(local_error));
 }
 
 bool fault_armed(const char* phase, int rank) {

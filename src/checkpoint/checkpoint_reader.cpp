@@ -1,6 +1,7 @@
 // Reading checkpoints: open + format checks, the manifest, and load_checkpoint (share + exchange, or
 // every rank reads everything).
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -101,18 +102,31 @@ std::vector<std::string> numeric_children(hid_t f, const std::string& group) {
 
 }  // namespace
 
-h5::Handle open_checkpoint(Comm* comm, const std::string& path) {
+namespace {
+std::atomic<int> g_checkpoint_opens{0};
+
+// Collective with a comm: every rank raises the lowest failing rank's error; alone: this rank's.
+void raise(MpiComm* comm, const std::string& error) {
+  if (comm)
+    comm->rethrow_first(checkpoint_error(error));
+  else if (!error.empty())
+    throw CheckpointError(error);
+}
+}  // namespace
+
+int checkpoint_opens() {
+  return g_checkpoint_opens.load();
+}
+
+h5::Handle open_checkpoint(MpiComm* comm, const std::string& path) {
   std::string error;
   if (!comm || comm->rank() == 0) error = check_openable(path);
-  if (comm) {
-    throw_if_any(*comm, error);
-  } else if (!error.empty()) {
-    throw CheckpointError(error);
-  }
+  raise(comm, error);
   h5::Handle f;
   error = capture_error([&] {
-    h5::Handle fapl = comm ? h5::mpio_file_access(mpi_comm_of(*comm)) : h5::serial_file_access();
+    h5::Handle fapl = comm ? h5::mpio_file_access(comm->handle()) : h5::serial_file_access();
     h5::SilenceErrors quiet;
+    ++g_checkpoint_opens;
     const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);
     if (id < 0) {
       const std::string why = h5::innermost_error_text();
@@ -123,10 +137,7 @@ h5::Handle open_checkpoint(Comm* comm, const std::string& path) {
     f = h5::Handle(id, H5Fclose);
     check_format(f, path);  // collective metadata reads: every rank sees the same answer
   });
-  if (comm)
-    throw_if_any(*comm, error);
-  else if (!error.empty())
-    throw CheckpointError(error);
+  raise(comm, error);
   return f;
 }
 
@@ -240,10 +251,10 @@ void read_rows(hid_t ds, const DatasetPlan& d, uint64_t begin, uint64_t end, voi
 
 }  // namespace ckpt
 
-CheckpointManifest read_manifest(Comm& comm, const std::string& path) {
+CheckpointManifest read_manifest(MpiComm& comm, const std::string& path) {
   h5::Handle f = ckpt::open_checkpoint(&comm, path);
   CheckpointManifest m;
-  ckpt::throw_if_any(comm, ckpt::capture_error([&] { m = ckpt::read_manifest_from(f, path); }));
+  comm.rethrow_first(ckpt::checkpoint_error_of([&] { m = ckpt::read_manifest_from(f, path); }));
   return m;
 }
 

@@ -132,7 +132,7 @@ VerifyReport verify_checkpoint_file(const std::string& path) {
   return report;
 }
 
-std::vector<std::string> verify_checkpoint_collective(Comm& comm, const std::string& path) {
+std::vector<std::string> verify_checkpoint_collective(MpiComm& comm, const std::string& path) {
   std::vector<std::string> problems;
   h5::Handle f;
   std::string e = ckpt::capture_error([&] { f = ckpt::open_checkpoint(&comm, path); });

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <memory>
 
 #include "checkpoint/checkpoint_internal.hpp"
 #include "checkpoint/format.hpp"
@@ -200,180 +201,252 @@ class EarlyWriteback {
   int fd_ = -1;
 };
 
-}  // namespace
-
-SaveResult save_checkpoint(Comm& comm, const TrainState& state, const std::string& run_dir,
-                           const SaveOptions& options) {
+// What one save carries from phase to phase on this rank. Members in the order they are made: the hasher
+// reads the caller's tensors and waits for its work when destroyed, before the plan goes.
+struct SaveJob {
+  SaveJob(MpiComm& c, const TrainState& s, const std::string& dir, const SaveOptions& o)
+      : comm(c), state(s), run_dir(dir), options(o), rank(c.rank()), world(c.size()) {}
+  MpiComm& comm;
+  const TrainState& state;
+  const std::string& run_dir;
+  const SaveOptions& options;
+  const int rank, world;
   ckpt::PhaseTimer timer;
-  const int rank = comm.rank(), world = comm.size();
-  comm.require_same(state.counters.step, "checkpoint step");
-  ckpt::SavePlan plan = ckpt::make_save_plan(comm, state);
-  agree_on_plan(comm, plan);
+  ckpt::SavePlan plan;
+  std::vector<ckpt::Segment> segments;
+  std::vector<int> pieces;  // segments per dataset: >= 2 means split between ranks
+  std::vector<int> owner;   // whose hash becomes each dataset's checksum (checksum_owners)
+  std::unique_ptr<ckpt::BackgroundHasher> hasher;
+  std::string name, final_path, partial_path;
+  SaveResult result;
+  h5::Handle file;
+  std::vector<h5::Handle> dsets;
+};
+
+// run_dir/<name>: SaveOptions::name or ckpt-<step>.h5, with ".h5" added when missing.
+void name_files(SaveJob& job) {
+  job.name = job.options.name.empty() ? format::checkpoint_file_name(job.state.counters.step) : job.options.name;
+  if (job.name.size() < 3 || job.name.compare(job.name.size() - 3, 3, format::kCheckpointSuffix) != 0)
+    job.name += format::kCheckpointSuffix;
+  job.final_path = (std::filesystem::path(job.run_dir) / job.name).string();
+  job.partial_path = job.final_path + format::kPartialSuffix;
+}
+
+// Collective. Disk full is a clean, agreed error before any HDF5 call (issue 9): after an ENOSPC inside HDF5,
+// ranks can take different paths through the collective close and hang. Margin: metadata, alignment.
+// H5DDP_SKIP_SPACE_CHECK=1 lets the fault tests reach ENOSPC inside HDF5: a test-only hook, armed only with
+// H5DDP_TEST_HOOKS=1 as well, so a stray variable cannot take the check away from a real run.
+void check_space(SaveJob& job) {
+  std::string space_error;
+  const char* hooks = std::getenv("H5DDP_TEST_HOOKS");
+  const bool skip_space_check = hooks && std::string(hooks) == "1" && std::getenv("H5DDP_SKIP_SPACE_CHECK") != nullptr;
+  if (job.rank == 0 && !skip_space_check) {
+    std::error_code ec;
+    const auto sp = std::filesystem::space(job.run_dir, ec);
+    const uint64_t needed = job.result.bytes + job.result.bytes / 16 + (1u << 20);
+    if (!ec && sp.available < needed)
+      space_error = "not enough space for " + job.partial_path + ": needs about " + std::to_string(needed) +
+                    " bytes, " + std::to_string(sp.available) + " available (disk full?)";
+  }
+  job.comm.rethrow_first(ckpt::checkpoint_error(space_error));
+}
+
+// Phase "plan" (collective, nothing on disk yet): agree on the step and the plan, start hashing the tensors,
+// check the run directory and the free space.
+void plan_save(SaveJob& job) {
+  job.comm.require_same(job.state.counters.step, "checkpoint step");
+  job.plan = ckpt::make_save_plan(job.comm, job.state);
+  agree_on_plan(job.comm, job.plan);
 
   // Tensor checksums are computed on a background thread while the data is written: each rank hashes what
   // it writes (or everything, with verify_replicas), so hashing costs neither a pass before the writes nor
   // N copies of the work.
-  const auto segments = ckpt::compute_segments(plan.datasets, world);
-  std::vector<int> pieces(plan.datasets.size(), 0);  // segments per dataset: >= 2 means split between ranks
-  for (const auto& s : segments) ++pieces[s.index];
-  const std::vector<int> owner = checksum_owners(plan, segments, pieces, options.verify_replicas);
-  ckpt::BackgroundHasher hasher(plan.datasets.size());
-  for (size_t i = 0; i < plan.datasets.size(); ++i)
-    if (plan.datasets[i].tensor && (owner[i] == kEveryRank || owner[i] == rank))
-      hasher.submit(i, plan.datasets[i].src, plan.datasets[i].nbytes());
-  timer.mark("plan+agree");
+  const auto& datasets = job.plan.datasets;
+  job.segments = ckpt::compute_segments(datasets, job.world);
+  job.pieces.assign(datasets.size(), 0);
+  for (const auto& s : job.segments) ++job.pieces[s.index];
+  job.owner = checksum_owners(job.plan, job.segments, job.pieces, job.options.verify_replicas);
+  job.hasher = std::make_unique<ckpt::BackgroundHasher>(datasets.size());
+  for (size_t i = 0; i < datasets.size(); ++i)
+    if (datasets[i].tensor && (job.owner[i] == kEveryRank || job.owner[i] == job.rank))
+      job.hasher->submit(i, datasets[i].src, datasets[i].nbytes());
+  job.timer.mark("plan+agree");
 
-  std::string name = options.name.empty() ? format::checkpoint_file_name(state.counters.step) : options.name;
-  if (name.size() < 3 || name.compare(name.size() - 3, 3, format::kCheckpointSuffix) != 0)
-    name += format::kCheckpointSuffix;
-  const std::string final_path = (std::filesystem::path(run_dir) / name).string();
-  const std::string partial_path = final_path + format::kPartialSuffix;
-  ckpt::throw_if_any(comm, rank == 0 && !std::filesystem::is_directory(run_dir)
-                               ? "run directory '" + run_dir + "' does not exist or is not a directory"
-                               : "");
+  name_files(job);
+  job.comm.rethrow_first(
+      ckpt::checkpoint_error(job.rank == 0 && !std::filesystem::is_directory(job.run_dir)
+                                 ? "run directory '" + job.run_dir + "' does not exist or is not a directory"
+                                 : ""));
+  job.result.path = job.final_path;
+  for (const auto& d : datasets) job.result.bytes += d.nbytes();
+  check_space(job);
+}
 
-  SaveResult result;
-  result.path = final_path;
-  for (const auto& d : plan.datasets) result.bytes += d.nbytes();
-  // Disk full is a clean, agreed error before any HDF5 call (issue 9): after an ENOSPC inside HDF5, ranks
-  // can take different paths through the collective close and hang. Margin: metadata, alignment.
-  // H5DDP_SKIP_SPACE_CHECK=1 lets the fault tests reach ENOSPC inside HDF5: a test-only hook, armed only with
-  // H5DDP_TEST_HOOKS=1 as well, so a stray variable cannot take the check away from a real run.
-  std::string space_error;
-  const char* hooks = std::getenv("H5DDP_TEST_HOOKS");
-  const bool skip_space_check = hooks && std::string(hooks) == "1" && std::getenv("H5DDP_SKIP_SPACE_CHECK") != nullptr;
-  if (rank == 0 && !skip_space_check) {
-    std::error_code ec;
-    const auto sp = std::filesystem::space(run_dir, ec);
-    const uint64_t needed = result.bytes + result.bytes / 16 + (1u << 20);
-    if (!ec && sp.available < needed)
-      space_error = "not enough space for " + partial_path + ": needs about " + std::to_string(needed) + " bytes, " +
-                    std::to_string(sp.available) + " available (disk full?)";
-  }
-  ckpt::throw_if_any(comm, space_error);
+// Phase "create" (collective): <name>.partial with MPI-IO, root attributes, groups, every dataset.
+void create_partial(SaveJob& job) {
+  job.comm.rethrow_first(ckpt::checkpoint_error_of([&] {
+    with_context("creating " + job.partial_path, [&] {
+      h5::Handle fapl = h5::mpio_file_access(job.comm.handle());
+      h5::SilenceErrors quiet;
+      job.file = h5::file(H5Fcreate(job.partial_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
+      write_root_attributes(job.file, job.state, job.world);
+      write_groups(job.file, job.state);
+      for (const auto& d : job.plan.datasets) job.dsets.push_back(create_dataset(job.file, d));
+    });
+  }));
+  job.timer.mark("create");
+  ckpt::maybe_inject_fault("before_data", job.rank);
+}
 
-  h5::Handle file;
-  std::vector<h5::Handle> dsets;
-  auto remove_partial = [&] {
-    // Space may have run out while writing (ENOSPC): give the partial file's blocks back first, so that the
-    // metadata flush of the collective close succeeds on every rank instead of failing on some (a hang).
-    if (rank == 0 && file.valid()) ::truncate(partial_path.c_str(), 0);
-    comm.barrier();
-    dsets.clear();
-    file = h5::Handle();  // collective close: every rank is here (errors are agreed before we throw)
-    if (rank == 0) std::filesystem::remove(partial_path);
-  };
-  try {
-    ckpt::throw_if_any(comm, ckpt::capture_error([&] {
-                         with_context("creating " + partial_path, [&] {
-                           h5::Handle fapl = h5::mpio_file_access(ckpt::mpi_comm_of(comm));
-                           h5::SilenceErrors quiet;
-                           file = h5::file(H5Fcreate(partial_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
-                           write_root_attributes(file, state, world);
-                           write_groups(file, state);
-                           for (const auto& d : plan.datasets) dsets.push_back(create_dataset(file, d));
-                         });
-                       }));
-    timer.mark("create");
-    ckpt::maybe_inject_fault("before_data", rank);
-
-    // Datasets split between ranks go collectively (all ranks call, in plan order); the rest of each
-    // rank's share goes independently, so ranks never wait on each other dataset by dataset.
-    uint64_t my_bytes = 0;
-    for (const auto& s : segments)
-      if (s.rank == rank) my_bytes += (s.row_end - s.row_begin) * plan.datasets[s.index].row_bytes();
-    result.bytes_this_rank = my_bytes;
-
-    std::string error;
-    EarlyWriteback writeback(partial_path, options.fsync);
-    h5::Handle coll = h5::transfer(true), indep = h5::transfer(false);
-    for (size_t i = 0; i < plan.datasets.size(); ++i) {
-      if (pieces[i] < 2) continue;
-      uint64_t begin = 0, end = 0;
-      size_t calls = 0;  // the most any rank needs: collective calls must match
-      for (const auto& s : segments) {
-        if (s.index != i) continue;
-        calls = std::max(calls, ckpt::transfer_count(plan.datasets[i], s.row_begin, s.row_end));
-        if (s.rank == rank) begin = s.row_begin, end = s.row_end;
-      }
-      std::string e = ckpt::capture_error([&] {
-        h5::SilenceErrors quiet;
-        write_rows(dsets[i], plan.datasets[i], begin, end, coll, calls);
-        H5D_mpio_actual_io_mode_t mode = H5D_MPIO_NO_COLLECTIVE;
-        H5DDP_CHECK_H5(H5Pget_mpio_actual_io_mode(coll, &mode));
-        if (mode != H5D_MPIO_NO_COLLECTIVE) ++result.collective_writes;
-        writeback.rows_written(dsets[i], plan.datasets[i], begin, end);
-      });
-      if (error.empty()) error = e;  // keep calling the remaining collective writes: other ranks are in them
-    }
-    uint64_t written = 0;
-    bool mid_fault_checked = false;
-    for (const auto& s : segments) {
-      if (s.rank != rank || pieces[s.index] >= 2 || !error.empty()) continue;
-      error = ckpt::capture_error([&] {
-        h5::SilenceErrors quiet;
-        write_rows(dsets[s.index], plan.datasets[s.index], s.row_begin, s.row_end, indep);
-        writeback.rows_written(dsets[s.index], plan.datasets[s.index], s.row_begin, s.row_end);
-      });
-      ++result.independent_writes;
-      written += (s.row_end - s.row_begin) * plan.datasets[s.index].row_bytes();
-      if (!mid_fault_checked && 2 * written >= my_bytes) {
-        mid_fault_checked = true;
-        ckpt::maybe_inject_fault("mid_data", rank);
-      }
-    }
-    if (!mid_fault_checked) ckpt::maybe_inject_fault("mid_data", rank);
-    ckpt::throw_if_any(comm, error.empty() ? "" : error + "\n  while writing " + partial_path);
-    timer.mark("write");
-
-    collect_checksums(comm, plan, owner, hasher.finish());
-    ckpt::throw_if_any(comm, ckpt::capture_error([&] {
-                         with_context("writing the checksums of " + partial_path, [&] {
-                           h5::SilenceErrors quiet;
-                           for (size_t i = 0; i < plan.datasets.size(); ++i)
-                             h5::write_attr(dsets[i], format::kAttrChecksum, plan.datasets[i].checksum);
-                         });
-                       }));
-    timer.mark("checksums");
-
-    ckpt::throw_if_any(comm, ckpt::capture_error([&] {
-                         with_context("closing " + partial_path, [&] {
-                           dsets.clear();
-                           file.close();
-                         });
-                       }));
-    timer.mark("close");
-    if (options.fsync) ckpt::throw_if_any(comm, ckpt::capture_error([&] { ckpt::fsync_path(partial_path, false); }));
-    timer.mark("fsync");
-  } catch (...) {
-    remove_partial();
-    throw;
-  }
-
-  ckpt::maybe_inject_fault("before_rename", rank);
+// Datasets split between ranks, collectively (all ranks call, in plan order, even after an error: other ranks
+// are in them). Returns this rank's first error ("" when none).
+std::string write_split_datasets(SaveJob& job, EarlyWriteback& writeback) {
   std::string error;
-  if (rank == 0) {
+  h5::Handle coll = h5::transfer(true);
+  for (size_t i = 0; i < job.plan.datasets.size(); ++i) {
+    if (job.pieces[i] < 2) continue;
+    const DatasetPlan& d = job.plan.datasets[i];
+    uint64_t begin = 0, end = 0;
+    size_t calls = 0;  // the most any rank needs: collective calls must match
+    for (const auto& s : job.segments) {
+      if (s.index != i) continue;
+      calls = std::max(calls, ckpt::transfer_count(d, s.row_begin, s.row_end));
+      if (s.rank == job.rank) begin = s.row_begin, end = s.row_end;
+    }
+    std::string e = ckpt::capture_error([&] {
+      h5::SilenceErrors quiet;
+      write_rows(job.dsets[i], d, begin, end, coll, calls);
+      H5D_mpio_actual_io_mode_t mode = H5D_MPIO_NO_COLLECTIVE;
+      H5DDP_CHECK_H5(H5Pget_mpio_actual_io_mode(coll, &mode));
+      if (mode != H5D_MPIO_NO_COLLECTIVE) ++job.result.collective_writes;
+      writeback.rows_written(job.dsets[i], d, begin, end);
+    });
+    if (error.empty()) error = e;
+  }
+  return error;
+}
+
+// The rest of this rank's share, independently (ranks never wait on each other dataset by dataset); stops at
+// the first error. The mid_data fault fires once half of this rank's bytes are written.
+std::string write_own_segments(SaveJob& job, EarlyWriteback& writeback, std::string error) {
+  h5::Handle indep = h5::transfer(false);
+  uint64_t written = 0;
+  bool mid_fault_checked = false;
+  for (const auto& s : job.segments) {
+    if (s.rank != job.rank || job.pieces[s.index] >= 2 || !error.empty()) continue;
+    const DatasetPlan& d = job.plan.datasets[s.index];
+    error = ckpt::capture_error([&] {
+      h5::SilenceErrors quiet;
+      write_rows(job.dsets[s.index], d, s.row_begin, s.row_end, indep);
+      writeback.rows_written(job.dsets[s.index], d, s.row_begin, s.row_end);
+    });
+    ++job.result.independent_writes;
+    written += (s.row_end - s.row_begin) * d.row_bytes();
+    if (!mid_fault_checked && 2 * written >= job.result.bytes_this_rank) {
+      mid_fault_checked = true;
+      ckpt::maybe_inject_fault("mid_data", job.rank);
+    }
+  }
+  if (!mid_fault_checked) ckpt::maybe_inject_fault("mid_data", job.rank);
+  return error;
+}
+
+// Phase "write" (collective): every rank writes its share.
+void write_shares(SaveJob& job) {
+  for (const auto& s : job.segments)
+    if (s.rank == job.rank)
+      job.result.bytes_this_rank += (s.row_end - s.row_begin) * job.plan.datasets[s.index].row_bytes();
+  EarlyWriteback writeback(job.partial_path, job.options.fsync);
+  std::string error = write_split_datasets(job, writeback);
+  error = write_own_segments(job, writeback, std::move(error));
+  job.comm.rethrow_first(ckpt::checkpoint_error(error.empty() ? "" : error + "\n  while writing " + job.partial_path));
+  job.timer.mark("write");
+}
+
+// Phase "checksums" (collective): the tensors' checksums agreed from the hashes, written as attributes.
+void write_checksums(SaveJob& job) {
+  collect_checksums(job.comm, job.plan, job.owner, job.hasher->finish());
+  job.comm.rethrow_first(ckpt::checkpoint_error_of([&] {
+    with_context("writing the checksums of " + job.partial_path, [&] {
+      h5::SilenceErrors quiet;
+      for (size_t i = 0; i < job.plan.datasets.size(); ++i)
+        h5::write_attr(job.dsets[i], format::kAttrChecksum, job.plan.datasets[i].checksum);
+    });
+  }));
+  job.timer.mark("checksums");
+}
+
+// Phase "close" (collective): the collective close, then every rank fsyncs the file.
+void close_partial(SaveJob& job) {
+  job.comm.rethrow_first(ckpt::checkpoint_error_of([&] {
+    with_context("closing " + job.partial_path, [&] {
+      job.dsets.clear();
+      job.file.close();
+    });
+  }));
+  job.timer.mark("close");
+  if (job.options.fsync)
+    job.comm.rethrow_first(ckpt::checkpoint_error_of([&] { ckpt::fsync_path(job.partial_path, false); }));
+  job.timer.mark("fsync");
+}
+
+// Collective, after an agreed error of a phase between create and close (every rank is here).
+void remove_partial(SaveJob& job) {
+  // Space may have run out while writing (ENOSPC): give the partial file's blocks back first, so that the
+  // metadata flush of the collective close succeeds on every rank instead of failing on some (a hang).
+  if (job.rank == 0 && job.file.valid()) ::truncate(job.partial_path.c_str(), 0);
+  job.comm.barrier();
+  job.dsets.clear();
+  job.file = h5::Handle();  // collective close: every rank is here (errors are agreed before we throw)
+  if (job.rank == 0) std::filesystem::remove(job.partial_path);
+}
+
+// Phase "commit" (collective): rank 0 renames <name>.partial to <name> (the commit point) and fsyncs the
+// directory, moves `latest`, applies retention; every rank returns with the directory in its final state.
+void commit(SaveJob& job) {
+  ckpt::maybe_inject_fault("before_rename", job.rank);
+  std::string error;
+  if (job.rank == 0) {
     error = ckpt::capture_error([&] {
       std::error_code ec;
-      std::filesystem::rename(partial_path, final_path, ec);
-      if (ec) throw CheckpointError("cannot rename " + partial_path + " to " + final_path + ": " + ec.message());
-      if (options.fsync) ckpt::fsync_path(run_dir, true);
+      std::filesystem::rename(job.partial_path, job.final_path, ec);
+      if (ec)
+        throw CheckpointError("cannot rename " + job.partial_path + " to " + job.final_path + ": " + ec.message());
+      if (job.options.fsync) ckpt::fsync_path(job.run_dir, true);
     });
-    if (!error.empty()) std::filesystem::remove(partial_path);
+    if (!error.empty()) std::filesystem::remove(job.partial_path);
   }
-  ckpt::throw_if_any(comm, error);
+  job.comm.rethrow_first(ckpt::checkpoint_error(error));
 
-  ckpt::maybe_inject_fault("before_latest", rank);
-  if (rank == 0 && options.update_latest)
-    error = ckpt::capture_error([&] { ckpt::write_latest(run_dir, name, options.fsync); });
-  ckpt::throw_if_any(comm, error);
+  ckpt::maybe_inject_fault("before_latest", job.rank);
+  if (job.rank == 0 && job.options.update_latest)
+    error = ckpt::capture_error([&] { ckpt::write_latest(job.run_dir, job.name, job.options.fsync); });
+  job.comm.rethrow_first(ckpt::checkpoint_error(error));
 
-  if (rank == 0) ckpt::apply_retention(run_dir, options, name);  // logs problems, never throws
-  comm.barrier();  // every rank returns with the directory in its final state
-  timer.mark("commit");
-  log::debug("save " + final_path + ":" + timer.timeline());
-  result.seconds = timer.total_seconds();
-  return result;
+  if (job.rank == 0) ckpt::apply_retention(job.run_dir, job.options, job.name);  // logs problems, never throws
+  job.comm.barrier();
+  job.timer.mark("commit");
+}
+
+}  // namespace
+
+SaveResult save_checkpoint(MpiComm& comm, const TrainState& state, const std::string& run_dir,
+                           const SaveOptions& options) {
+  SaveJob job(comm, state, run_dir, options);
+  plan_save(job);  // nothing on disk yet
+  try {            // the phases that hold <name>.partial: any error, agreed on every rank, removes it
+    create_partial(job);
+    write_shares(job);
+    write_checksums(job);
+    close_partial(job);
+  } catch (...) {
+    remove_partial(job);
+    throw;
+  }
+  commit(job);
+  log::debug("save " + job.final_path + ":" + job.timer.timeline());
+  job.result.seconds = job.timer.total_seconds();
+  return job.result;
 }
 
 }  // namespace h5ddp

@@ -145,7 +145,15 @@ DistributedDataParallel::~DistributedDataParallel() {
 }
 
 void DistributedDataParallel::check_same_model() {
-  // Local problems first (agreed on, so every rank throws together).
+  comm_.raise_if_any(local_model_problem());  // local problems first (agreed: every rank throws together)
+  const std::vector<std::string> entries = model_signature();
+  std::string joined;
+  for (const auto& e : entries) joined += e + "\n";
+  if (comm_.agree(fnv1a(joined))) return;
+  raise_model_difference(entries, joined);
+}
+
+std::string DistributedDataParallel::local_model_problem() const {
   std::string local_error;
   bool has_cuda = false;
   for (const auto& p : params_) has_cuda = has_cuda || p.is_cuda();
@@ -159,9 +167,11 @@ void DistributedDataParallel::check_same_model() {
     if (!p.is_cuda() && !p.device().is_cpu()) local_error = "DDP: unsupported device " + p.device().str();
     if (p.is_sparse()) local_error = "DDP: sparse parameters are not supported";
   }
-  comm_.raise_if_any(local_error);
+  return local_error;
+}
 
-  // Signature: options, then each parameter and buffer as "kind name dtype[shape]".
+// Options, then each parameter and buffer as "kind name dtype[shape]".
+std::vector<std::string> DistributedDataParallel::model_signature() const {
   std::vector<std::string> entries;
   entries.push_back("options first_bucket_bytes=" + std::to_string(options_.first_bucket_bytes) +
                     " bucket_cap_bytes=" + std::to_string(options_.bucket_cap_bytes) +
@@ -181,10 +191,11 @@ void DistributedDataParallel::check_same_model() {
   }
   for (const auto& item : module_->named_parameters(true))
     if (!item.value().requires_grad()) entries.push_back("frozen parameter '" + item.key() + "'");
-  std::string joined;
-  for (const auto& e : entries) joined += e + "\n";
-  if (comm_.agree(fnv1a(joined))) return;
+  return entries;
+}
 
+void DistributedDataParallel::raise_model_difference(const std::vector<std::string>& entries,
+                                                     const std::string& joined) {
   // Disagreement: every rank compares with rank 0's signature and says what differs first.
   const std::string root_sig = comm_.broadcast_string(joined, 0);
   std::vector<std::string> root_entries;
@@ -372,6 +383,32 @@ void DistributedDataParallel::finish_backward() {
   const auto t0 = Clock::now();
   torch::NoGradGuard no_grad;
 
+  const std::vector<size_t> unused = flush_unused();
+  torch::Tensor used_map;
+  std::unique_ptr<Work> used_work;
+  if (options_.find_unused_parameters) {
+    used_map = torch::ones({static_cast<int64_t>(params_.size())}, torch::kInt32);
+    for (size_t i : unused) used_map[static_cast<int64_t>(i)] = 0;
+    used_work = comm_.allreduce_async(used_map.data_ptr(), params_.size(), DType::kI32, ReduceOp::kSum);
+  }
+  double total_unused = wait_for_reductions(unused.size(), used_work.get());
+  armed_ = false;
+  next_launch_ = 0;
+  average_gradients();
+  point_grads_at_buckets(used_map);
+  ++stats_.steps;
+  stats_.finish_seconds += seconds_since(t0);
+  // Checked last, so that even after this error every .grad holds the step's average (usable state).
+  if (!options_.find_unused_parameters && !buckets_.empty()) {
+    if (!options_.shard_optimizer) {
+      Bucket& last = *bucket_state_.back();
+      total_unused = last.buffer.narrow(0, last.grad_numel, 1).item<double>();
+    }
+    if (total_unused > 0.5) raise_unused(unused);
+  }
+}
+
+std::vector<size_t> DistributedDataParallel::flush_unused() {
   // Parameters whose hook never fired contribute their current .grad (zeros if undefined).
   std::vector<size_t> unused;
   for (size_t b = next_launch_; b < buckets_.size(); ++b)
@@ -393,15 +430,10 @@ void DistributedDataParallel::finish_backward() {
     last.buffer.narrow(0, last.grad_numel, 1).fill_(static_cast<double>(unused.size()));
   }
   launch_ready_buckets(/*from_hook=*/false);
+  return unused;
+}
 
-  torch::Tensor used_map;
-  std::unique_ptr<Work> used_work;
-  if (options_.find_unused_parameters) {
-    used_map = torch::ones({static_cast<int64_t>(params_.size())}, torch::kInt32);
-    for (size_t i : unused) used_map[static_cast<int64_t>(i)] = 0;
-    used_work = comm_.allreduce_async(used_map.data_ptr(), params_.size(), DType::kI32, ReduceOp::kSum);
-  }
-
+double DistributedDataParallel::wait_for_reductions(size_t unused_here, Work* used_work) {
   const auto tw = Clock::now();
   for (auto& st : bucket_state_) {
     if (!st->work) continue;
@@ -416,13 +448,14 @@ void DistributedDataParallel::finish_backward() {
   // Sharded buckets carry only gradients: the unused-parameter count travels in its own small allreduce.
   double total_unused = 0;
   if (options_.shard_optimizer && !buckets_.empty()) {
-    total_unused = static_cast<double>(unused.size());
+    total_unused = static_cast<double>(unused_here);
     if (comm_.size() > 1) comm_.allreduce(&total_unused, 1, DType::kF64, ReduceOp::kSum);
   }
   stats_.comm_wait_seconds += seconds_since(tw);
-  armed_ = false;
-  next_launch_ = 0;
+  return total_unused;
+}
 
+void DistributedDataParallel::average_gradients() {
   const double world = comm_.size();
   if (world > 1 && options_.shard_optimizer) {
     // This rank's segment holds the sum over ranks; the rest holds this rank's own gradients: zeroed, so that
@@ -435,21 +468,14 @@ void DistributedDataParallel::finish_backward() {
   } else if (world > 1) {
     for (auto& st : bucket_state_) st->buffer.narrow(0, 0, st->grad_numel).div_(world);
   }
+}
+
+void DistributedDataParallel::point_grads_at_buckets(const torch::Tensor& used_map) {
   for (size_t i = 0; i < params_.size(); ++i) {
     torch::Tensor& grad = params_[i].mutable_grad();
     if (used_map.defined() && used_map[static_cast<int64_t>(i)].item<int32_t>() == 0 && !grad.defined()) continue;
     // .grad becomes a view of the bucket: the next backward accumulates straight into it (no copy-in).
     if (!grad.defined() || grad.data_ptr() != param_slot_[i].data_ptr()) grad = param_slot_[i];
-  }
-  ++stats_.steps;
-  stats_.finish_seconds += seconds_since(t0);
-  // Checked last, so that even after this error every .grad holds the step's average (usable state).
-  if (!options_.find_unused_parameters && !buckets_.empty()) {
-    if (!options_.shard_optimizer) {
-      Bucket& last = *bucket_state_.back();
-      total_unused = last.buffer.narrow(0, last.grad_numel, 1).item<double>();
-    }
-    if (total_unused > 0.5) raise_unused(unused);
   }
 }
 

@@ -11,6 +11,7 @@
 #include "checkpoint/format.hpp"
 #include "core/log.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/policy.hpp"
 #include "h5ddp/sharded_optimizer.hpp"
 #include "h5ddp/stop_signal.hpp"
@@ -138,48 +139,67 @@ struct Checkpointer::Impl {
     optimizer.state().swap(s.optimizer_state);
   }
 
-  // Loads `path` into the model, this optimizer (or a scratch one of the file's type) and the tracked
-  // values. Throws on every rank alike; the caller restores the snapshot.
-  TrainState load(Comm& comm, const std::string& path, const LoadOptions& options, bool weights_only) {
-    const CheckpointManifest manifest = read_manifest(comm, path);
-    if (!weights_only && manifest.optimizer_type != type)
-      comm.raise_if_any(
-          "checkpoint " + path + " holds optimizer state of type " +
-          (manifest.optimizer_type.empty() ? std::string("none (a weights-only file)") : manifest.optimizer_type) +
-          "; this run's optimizer is of type " + type);
-    std::vector<TensorRef> entries;
-    for (const auto& t : manifest.optimizer_state) entries.push_back(TensorRef{t.name, t.dtype, t.shape, nullptr});
-    TrainState st;
-    std::unique_ptr<torch::optim::Optimizer> scratch_opt;
-    std::unique_ptr<TorchStateBinding> scratch_binding;
+  // Where a weights-only load puts what it does not keep: every tensor of the file needs a destination, so the
+  // file's optimizer state goes to a scratch optimizer of its type (when it is not this one's) and its user
+  // state to scratch tensors. Returns the binding the optimizer state goes through.
+  struct Scratch {
+    std::unique_ptr<torch::optim::Optimizer> optimizer;
+    std::unique_ptr<TorchStateBinding> binding;
+    std::vector<torch::Tensor> user;
+  };
+  TorchStateBinding* scratch_destinations(const CheckpointManifest& manifest, TrainState& st, Scratch& scratch) {
     TorchStateBinding* b = &binding;
-    std::vector<torch::Tensor> scratch_user;
-    if (weights_only) {
-      // Every tensor of the file needs a destination: the file's optimizer state and user state go to scratch.
-      if (!manifest.optimizer_type.empty() && manifest.optimizer_type != type) {
-        scratch_opt = scratch_optimizer(manifest.optimizer_type, model.parameters(true));
-        scratch_binding = std::make_unique<TorchStateBinding>(model, *scratch_opt, manifest.optimizer_type);
-        b = scratch_binding.get();
-      }
-      for (const auto& t : manifest.user) {
-        scratch_user.push_back(torch::empty(t.shape, torch::TensorOptions().dtype(to_scalar_type(t.dtype))));
-        st.user.push_back(TensorRef{t.name, t.dtype, t.shape, scratch_user.back().data_ptr()});
-      }
+    if (!manifest.optimizer_type.empty() && manifest.optimizer_type != type) {
+      scratch.optimizer = scratch_optimizer(manifest.optimizer_type, model.parameters(true));
+      scratch.binding = std::make_unique<TorchStateBinding>(model, *scratch.optimizer, manifest.optimizer_type);
+      b = scratch.binding.get();
     }
-    with_context("loading " + path, [&] {
-      b->prepare_import(entries, st);
-      if (!weights_only)
-        for (auto& t : tracked) st.user.push_back(t.ref());
-      load_checkpoint(comm, path, st, options);
+    for (const auto& t : manifest.user) {
+      scratch.user.push_back(torch::empty(t.shape, torch::TensorOptions().dtype(to_scalar_type(t.dtype))));
+      st.user.push_back(TensorRef{t.name, t.dtype, t.shape, scratch.user.back().data_ptr()});
+    }
+    return b;
+  }
+
+  // Loads `path` into the model, this optimizer (or a scratch one of the file's type) and the tracked
+  // values, in one descent: the file is opened once, and its manifest tells the destinations to allocate
+  // (the optimizer state it lists). Throws on every rank alike; the caller restores the snapshot.
+  TrainState load(MpiComm& comm, const std::string& path, const LoadOptions& options, bool weights_only) {
+    TrainState st;
+    Scratch scratch;
+    TorchStateBinding* b = &binding;
+    bool prepared = false;  // errors from then on name the file being loaded ("while loading <path>")
+    auto destinations = [&](const CheckpointManifest& manifest) -> TrainState& {
+      if (!weights_only && manifest.optimizer_type != type)
+        comm.raise_if_any(
+            "checkpoint " + path + " holds optimizer state of type " +
+            (manifest.optimizer_type.empty() ? std::string("none (a weights-only file)") : manifest.optimizer_type) +
+            "; this run's optimizer is of type " + type);
+      std::vector<TensorRef> entries;
+      for (const auto& t : manifest.optimizer_state) entries.push_back(TensorRef{t.name, t.dtype, t.shape, nullptr});
+      if (weights_only) b = scratch_destinations(manifest, st, scratch);
+      with_context("loading " + path, [&] {
+        b->prepare_import(entries, st);
+        if (!weights_only)
+          for (auto& t : tracked) st.user.push_back(t.ref());
+      });
+      prepared = true;
+      return st;
+    };
+    try {
+      load_checkpoint(comm, path, destinations, options);
       b->finish_import();
       if (!weights_only)
         for (auto& t : tracked) t.finish_import();
-    });
+    } catch (Error& e) {
+      if (prepared) e.add_context("loading " + path);
+      throw;
+    }
     return st;
   }
 };
 
-Checkpointer::Checkpointer(Comm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+Checkpointer::Checkpointer(MpiComm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                            CheckpointerOptions options)
     : comm_(comm),
       options_(std::move(options)),

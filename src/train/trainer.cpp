@@ -52,7 +52,7 @@ struct SignalScope {  // from the first line: a signal during the data load is n
 // checkpointing (triggers, signals, saves, resume) is the Checkpointer's, as in a user's own loop.
 class Trainer {
  public:
-  Trainer(const TrainConfig& config, Comm& comm)
+  Trainer(const TrainConfig& config, MpiComm& comm)
       : config_(config),
         comm_(comm),
         root_(comm.rank() == 0),
@@ -338,7 +338,7 @@ class Trainer {
   }
 
   const TrainConfig& config_;
-  Comm& comm_;
+  MpiComm& comm_;
   const bool root_;
   SignalScope signals_;
   StallWatch watch_;
@@ -362,7 +362,7 @@ class Trainer {
 
 }  // namespace
 
-TrainResult run_training(const TrainConfig& config, Comm& comm) {
+TrainResult run_training(const TrainConfig& config, MpiComm& comm) {
   return Trainer(config, comm).run();
 }
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "h5ddp/comm.hpp"
+#include "h5ddp/mpi_comm.hpp"
 #include "train/config.hpp"
 
 namespace h5ddp {
@@ -21,8 +21,9 @@ struct TrainResult {
   double train_seconds = 0;
 };
 
-// Collective over `comm` (every rank with the same config). Validates the environment (all ranks agree
-// before anything collective), resumes per config.resume, trains, saves, evaluates. Throws on errors;
-// returns the exit code for signals. Installs the stop-signal handlers for its duration.
-TrainResult run_training(const TrainConfig& config, Comm& comm);
+// Collective over `comm` (every rank with the same config; checkpoints go through MPI-IO over it).
+// Validates the environment (all ranks agree before anything collective), resumes per config.resume,
+// trains, saves, evaluates. Throws on errors; returns the exit code for signals. Installs the stop-signal
+// handlers for its duration.
+TrainResult run_training(const TrainConfig& config, MpiComm& comm);
 }  // namespace h5ddp

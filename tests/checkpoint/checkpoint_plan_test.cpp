@@ -25,6 +25,29 @@ std::vector<DatasetPlan> mixed() {
           ds({250, 3}, DType::kF16)};
 }
 
+// What the checkpoint layer hands Comm::rethrow_first: its own error types, tagged once.
+TEST(CheckpointErrorPtr, CheckpointTypesTaggedOnce) {
+  EXPECT_EQ(ckpt::checkpoint_error(""), nullptr);
+  try {
+    std::rethrow_exception(ckpt::checkpoint_error("disk on fire"));
+  } catch (const CheckpointMismatchError&) {
+    ADD_FAILURE() << "not a mismatch";
+  } catch (const CheckpointError& e) {
+    EXPECT_EQ(std::string(e.what()), process_tag() + " disk on fire");
+  }
+  try {  // another rank's error, captured again: it names its rank already
+    std::rethrow_exception(ckpt::checkpoint_error("[node7 rank 3/4] other model", /*mismatch=*/true));
+  } catch (const CheckpointMismatchError& e) {
+    EXPECT_EQ(std::string(e.what()), "[node7 rank 3/4] other model");
+  }
+  EXPECT_EQ(ckpt::checkpoint_error_of([] {}), nullptr);
+  try {
+    std::rethrow_exception(ckpt::checkpoint_error_of([] { throw H5Error("H5Dwrite failed"); }));
+  } catch (const CheckpointError& e) {  // any error of a phase becomes the checkpoint layer's error
+    EXPECT_EQ(std::string(e.what()), process_tag() + " H5Dwrite failed");
+  }
+}
+
 TEST(Segments, CoverEveryRowExactlyOnceInRankOrder) {
   const auto plan = mixed();
   for (int world : {1, 2, 3, 4, 7, 64}) {

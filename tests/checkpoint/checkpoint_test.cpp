@@ -9,8 +9,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <list>
 
 #include "checkpoint/checkpoint_fixture.hpp"
+#include "checkpoint/checkpoint_internal.hpp"
 #include "checkpoint/format.hpp"
 #include "corrupt_dataset.hpp"
 #include "h5/h5.hpp"
@@ -201,6 +203,55 @@ TEST(Checkpoint, UnsampledDifferenceNeverCommitsACorruptFile) {
   } else {
     EXPECT_EQ(files_in(dir), std::vector<std::string>{});
   }
+}
+
+// One descent (issue 38): the load opens the file once, reads the manifest once and asks for the destinations;
+// an error of the destinations on one rank is raised on every rank before anything is read.
+TEST(Checkpoint, LoadAsksForDestinationsAfterOneOpen) {
+  auto& world = test::world();
+  const std::string dir = test::scratch_dir("destinations");
+  OwnedState s(8, world.rank());
+  const std::string path = save_checkpoint(world, s.state, dir).path;
+
+  OwnedState dst(8, world.rank(), false, test::model_specs(), {});  // no optimizer state: the manifest says
+  std::list<std::vector<uint8_t>> opt_bytes;
+  int calls = 0;
+  const int opens = ckpt::checkpoint_opens();
+  load_checkpoint(world, path, [&](const CheckpointManifest& m) -> TrainState& {
+    ++calls;
+    EXPECT_EQ(m.step, s.state.counters.step);
+    for (const auto& t : m.optimizer_state) {
+      auto& buf = opt_bytes.emplace_back(t.nbytes());
+      dst.state.optimizer.state.push_back(TensorRef{t.name, t.dtype, t.shape, buf.data()});
+    }
+    return dst.state;
+  });
+  EXPECT_EQ(ckpt::checkpoint_opens() - opens, 1);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(dst.state.counters.step, s.state.counters.step);
+  ASSERT_EQ(dst.state.optimizer.state.size(), s.state.optimizer.state.size());
+  for (const TensorRef& a : s.state.optimizer.state) {  // the manifest lists them in name order
+    const TensorRef* b = nullptr;
+    for (const TensorRef& t : dst.state.optimizer.state)
+      if (t.name == a.name) b = &t;
+    ASSERT_NE(b, nullptr) << a.name;
+    EXPECT_EQ(std::memcmp(a.data, b->data, a.nbytes()), 0) << a.name;
+  }
+
+  const int last = world.size() - 1;
+  try {
+    load_checkpoint(world, path, [&](const CheckpointManifest&) -> TrainState& {
+      if (world.rank() == last) throw ConfigError("no room for " + path);
+      return dst.state;
+    });
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {  // the failing rank's error, of its type, on every rank
+    EXPECT_TRUE(e.agreed());
+    EXPECT_TRUE(contains(e.what(), "no room for " + path)) << e.what();
+    EXPECT_TRUE(contains(e.what(), "rank " + std::to_string(last))) << e.what();
+  }
+  world.barrier();
+  if (world.rank() == 0) fs::remove_all(dir);
 }
 
 TEST(Checkpoint, CorruptBytesRaiseChecksumErrorNamingTheDataset) {

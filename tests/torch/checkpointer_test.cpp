@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 
+#include "checkpoint/checkpoint_internal.hpp"
 #include "corrupt_dataset.hpp"
 #include "h5/h5.hpp"
 #include "h5ddp/bucketing.hpp"
@@ -164,6 +165,35 @@ TEST(Checkpointer, FreshStartThenResumeRestoresEverythingAndTrackedState) {
   EXPECT_EQ(counter, 41);
   EXPECT_EQ(scale, 0.5);
   EXPECT_FALSE(r.optimizer->state().empty());
+}
+
+// A resume is one descent (issue 38): the checkpoint layer opens the file once, reads its manifest once and asks
+// the Checkpointer for the destinations (the optimizer state it allocates), instead of a read_manifest open
+// followed by a load_checkpoint open. Counted by the checkpoint layer's test counter, on every rank.
+TEST(Checkpointer, ResumeOpensTheFileOncePerRank) {
+  const std::string dir = test::scratch_dir("ckptr-one-open");
+  std::string path;
+  {
+    Trained s(dir);
+    s.train(2);
+    path = s.ckpt->save().path;
+  }
+  auto opens_during = [](const std::function<void()>& f) {
+    const int before = ckpt::checkpoint_opens();
+    f();
+    return ckpt::checkpoint_opens() - before;
+  };
+  {
+    Trained r(dir);
+    EXPECT_EQ(opens_during([&] { EXPECT_TRUE(r.ckpt->resume().resumed); }), 1);
+    EXPECT_FALSE(r.optimizer->state().empty());  // allocated from the manifest of that one open
+  }
+  {
+    Trained r(dir);
+    EXPECT_EQ(opens_during([&] { EXPECT_EQ(r.ckpt->resume_from(path).step, 2); }), 1);
+  }
+  Trained r(test::scratch_dir("ckptr-one-open-weights"), "sgd");  // the file's adam state goes to scratch
+  EXPECT_EQ(opens_during([&] { r.ckpt->load_weights(path); }), 1);
 }
 
 TEST(Checkpointer, DamagedCandidateLeavesNothingHalfLoaded) {

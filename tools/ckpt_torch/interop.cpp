@@ -162,29 +162,32 @@ void check_against_model(const std::string& what, const std::string& model_name,
 
 }  // namespace
 
-LoadedCheckpoint load_checkpoint_tensors(Comm& comm, const std::string& path) {
+LoadedCheckpoint load_checkpoint_tensors(MpiComm& comm, const std::string& path) {
   LoadedCheckpoint ck;
-  ck.manifest = read_manifest(comm, path);
-  for (const auto& t : ck.manifest.model) {
-    torch::Tensor x = allocate(path, t);
-    ck.model.emplace_back(t.name, x);
-    ck.state.model.push_back(TensorRef{t.name, t.dtype, t.shape, x.data_ptr()});
-  }
-  for (const auto& t : ck.manifest.optimizer_state) {
-    torch::Tensor x = allocate(path, t);
-    ck.optimizer.emplace_back(t.name, x);
-    ck.state.optimizer.state.push_back(TensorRef{t.name, t.dtype, t.shape, x.data_ptr()});
-  }
-  for (const auto& t : ck.manifest.user) {
-    torch::Tensor x = allocate(path, t);
-    ck.user.emplace_back(t.name, x);
-    ck.state.user.push_back(TensorRef{t.name, t.dtype, t.shape, x.data_ptr()});
-  }
-  load_checkpoint(comm, path, ck.state);
+  // One open: the manifest the load reads says what to allocate.
+  load_checkpoint(comm, path, [&](const CheckpointManifest& manifest) -> TrainState& {
+    ck.manifest = manifest;
+    for (const auto& t : ck.manifest.model) {
+      torch::Tensor x = allocate(path, t);
+      ck.model.emplace_back(t.name, x);
+      ck.state.model.push_back(TensorRef{t.name, t.dtype, t.shape, x.data_ptr()});
+    }
+    for (const auto& t : ck.manifest.optimizer_state) {
+      torch::Tensor x = allocate(path, t);
+      ck.optimizer.emplace_back(t.name, x);
+      ck.state.optimizer.state.push_back(TensorRef{t.name, t.dtype, t.shape, x.data_ptr()});
+    }
+    for (const auto& t : ck.manifest.user) {
+      torch::Tensor x = allocate(path, t);
+      ck.user.emplace_back(t.name, x);
+      ck.state.user.push_back(TensorRef{t.name, t.dtype, t.shape, x.data_ptr()});
+    }
+    return ck.state;
+  });
   return ck;
 }
 
-size_t export_checkpoint(Comm& comm, const ExportOptions& o) {
+size_t export_checkpoint(MpiComm& comm, const ExportOptions& o) {
   const LoadedCheckpoint ck = load_checkpoint_tensors(comm, o.input);
   agreed(comm, [&] {
     if (comm.rank() != 0) return;
@@ -244,7 +247,7 @@ size_t export_checkpoint(Comm& comm, const ExportOptions& o) {
   return ck.model.size();
 }
 
-size_t import_state_dict(Comm& comm, const ImportOptions& o) {
+size_t import_state_dict(MpiComm& comm, const ImportOptions& o) {
   const fs::path out(o.output);
   const std::string ext = format::kCheckpointSuffix;
   agreed(comm, [&] {
@@ -298,7 +301,7 @@ size_t import_state_dict(Comm& comm, const ImportOptions& o) {
   return tensors.size();
 }
 
-EvalResult evaluate_checkpoint(Comm& comm, const EvalOptions& o) {
+EvalResult evaluate_checkpoint(MpiComm& comm, const EvalOptions& o) {
   LoadedCheckpoint ck = load_checkpoint_tensors(comm, o.input);
   EvalResult r;
   const auto meta = [&ck](const char* key) {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "h5ddp/checkpoint.hpp"
-#include "h5ddp/comm.hpp"
+#include "h5ddp/mpi_comm.hpp"
 #include "train/data.hpp"
 
 namespace h5ddp::interop {
@@ -26,7 +26,7 @@ struct LoadedCheckpoint {
 
 // Collective. Reads every tensor of `path` (checksums verified) through the checkpoint layer. Throws
 // CheckpointError naming the file for a non-HDF5 file, a non-h5ddp file or an unsupported version.
-LoadedCheckpoint load_checkpoint_tensors(Comm& comm, const std::string& path);
+LoadedCheckpoint load_checkpoint_tensors(MpiComm& comm, const std::string& path);
 
 struct ExportOptions {
   std::string input;       // h5ddp checkpoint
@@ -37,7 +37,7 @@ struct ExportOptions {
 // Collective (rank 0 writes). Writes a torch.load-able dict: model, optimizer (a state dict that
 // torch.optim's load_state_dict accepts: state and param_groups keyed by parameter name), optimizer_type,
 // step, epoch, samples_consumed, lr_scheduler, data, rng_cpu, meta, h5ddp (file facts). Returns the key count.
-size_t export_checkpoint(Comm& comm, const ExportOptions& options);
+size_t export_checkpoint(MpiComm& comm, const ExportOptions& options);
 
 struct ImportOptions {
   std::string input;   // torch.save file
@@ -50,7 +50,7 @@ struct ImportOptions {
 // Collective. Reads a torch.save'd state dict (plain, or the "model" / "state_dict" entry of a dict;
 // "module." prefixes stripped) and writes it as a step-0, model-only h5ddp checkpoint. Returns the
 // number of tensors. Throws CheckpointError naming the input for anything that is not such a state dict.
-size_t import_state_dict(Comm& comm, const ImportOptions& options);
+size_t import_state_dict(MpiComm& comm, const ImportOptions& options);
 
 struct EvalOptions {
   std::string input;  // h5ddp checkpoint
@@ -72,6 +72,6 @@ struct EvalResult {
 
 // Collective (every rank computes the same numbers). Builds the built-in model the checkpoint names (or loads
 // the TorchScript module), loads the checkpoint's weights and evaluates samples [first, first + count).
-EvalResult evaluate_checkpoint(Comm& comm, const EvalOptions& options);
+EvalResult evaluate_checkpoint(MpiComm& comm, const EvalOptions& options);
 
 }  // namespace h5ddp::interop

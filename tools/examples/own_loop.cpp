@@ -15,7 +15,7 @@ struct Net : torch::nn::Module {  // any torch::nn::Module
   torch::Tensor forward(torch::Tensor x) { return fc2(torch::dropout(torch::relu(fc1(x)), 0.1, is_training())); }
 };
 
-int train(h5ddp::Comm& comm, int argc, char** argv) {
+int train(h5ddp::MpiComm& comm, int argc, char** argv) {
   const int64_t total_steps = argc > 2 ? std::stoll(argv[2]) : 300;
   torch::manual_seed(0);  // the same data and initial weights on every rank
   const torch::Tensor x = torch::randn({4096, 16}), y = x.slice(1, 0, 4).argmax(1);
