@@ -100,7 +100,7 @@ class Checkpointer {
   Checkpointer(MpiComm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                CheckpointerOptions options = {});
   // Collective. ZeRO-1: the optimizer of a ShardedOptimizer (options.shard_optimizer is set from it).
-  Checkpointer(Comm& comm, torch::nn::Module& model, ShardedOptimizer& optimizer, CheckpointerOptions options = {});
+  Checkpointer(MpiComm& comm, torch::nn::Module& model, ShardedOptimizer& optimizer, CheckpointerOptions options = {});
   // Waits for a background save (a committed checkpoint is never abandoned); never throws.
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;

@@ -223,7 +223,7 @@ CheckpointerOptions sharded(CheckpointerOptions options) {
 }
 }  // namespace
 
-Checkpointer::Checkpointer(Comm& comm, torch::nn::Module& model, ShardedOptimizer& optimizer,
+Checkpointer::Checkpointer(MpiComm& comm, torch::nn::Module& model, ShardedOptimizer& optimizer,
                            CheckpointerOptions options)
     : Checkpointer(comm, model, optimizer.local(), sharded(std::move(options))) {}
 
