@@ -18,7 +18,8 @@ ALLOWED = {
 }
 # include/h5ddp/<name>.hpp -> the layer (library) that implements it.
 PUBLIC = {
-    "error": "core", "dtype": "core", "device": "core", "mpi_env": "core", "splitmix": "core",
+    "error": "core", "dtype": "core", "device": "core", "mpi_env": "core", "splitmix": "core", "log": "core",
+    "watchdog": "core", "format": "checkpoint", "torch_state": "torch",
     "comm": "comm", "mpi_comm": "comm", "nccl_comm": "comm",
     "checkpoint": "checkpoint", "train_state": "checkpoint", "policy": "checkpoint", "run_dir": "checkpoint",
     "bucketing": "ddp", "ddp": "ddp",

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "ckpt_torch/interop.hpp"
-#include "core/log.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/log.hpp"
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/mpi_env.hpp"
 

@@ -3,7 +3,7 @@
 // 2 bad options, 70 watchdog).
 #include <cstdio>
 
-#include "core/log.hpp"
+#include "h5ddp/log.hpp"
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/mpi_env.hpp"
 #include "train/config.hpp"

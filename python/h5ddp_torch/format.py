@@ -1,5 +1,5 @@
 """The checkpoint format (docs/FORMAT.md) on the Python side: every path, attribute and dtype name in one
-place, mirroring src/checkpoint/format.hpp. No other module of the package spells a path by hand."""
+place, mirroring include/h5ddp/format.hpp. No other module of the package spells a path by hand."""
 import re
 
 import numpy as np

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "checkpoint/checkpoint_internal.hpp"
-#include "core/log.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/log.hpp"
 #include "h5ddp/mpi_comm.hpp"
 
 #ifdef H5DDP_WITH_CUDA

@@ -9,9 +9,9 @@
 #include <filesystem>
 
 #include "checkpoint/checkpoint_internal.hpp"
-#include "checkpoint/format.hpp"
-#include "core/log.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/format.hpp"
+#include "h5ddp/log.hpp"
 #include "h5ddp/run_dir.hpp"
 
 namespace fs = std::filesystem;

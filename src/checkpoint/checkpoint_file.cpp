@@ -1,7 +1,7 @@
 // CheckpointFile: serial, read-only access to one checkpoint for tools (info, diff, export).
 #include "checkpoint/checkpoint_internal.hpp"
-#include "checkpoint/format.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/format.hpp"
 
 namespace h5ddp {
 

@@ -14,8 +14,8 @@
 #include <new>
 
 #include "checkpoint/checkpoint_internal.hpp"
-#include "core/log.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/log.hpp"
 
 #if defined(H5DDP_XXH3_AVX2)
 extern "C" uint64_t h5ddp_xxh3_avx2_hash(const void* data, size_t n);

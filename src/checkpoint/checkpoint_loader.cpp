@@ -11,9 +11,9 @@
 
 #include "checkpoint/checkpoint_internal.hpp"
 #include "checkpoint/direct_read.hpp"
-#include "checkpoint/format.hpp"
-#include "core/log.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/format.hpp"
+#include "h5ddp/log.hpp"
 
 namespace h5ddp {
 namespace {

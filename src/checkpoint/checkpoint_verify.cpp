@@ -8,8 +8,8 @@
 #include <string>
 
 #include "checkpoint/checkpoint_internal.hpp"
-#include "checkpoint/format.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/format.hpp"
 
 namespace h5ddp {
 namespace ckpt {

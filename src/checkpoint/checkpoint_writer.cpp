@@ -10,9 +10,9 @@
 #include <memory>
 
 #include "checkpoint/checkpoint_internal.hpp"
-#include "checkpoint/format.hpp"
-#include "core/log.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/format.hpp"
+#include "h5ddp/log.hpp"
 
 namespace h5ddp {
 namespace ckpt {

@@ -1,4 +1,4 @@
-#include "checkpoint/format.hpp"
+#include "h5ddp/format.hpp"
 
 #include <cctype>
 #include <cstdio>

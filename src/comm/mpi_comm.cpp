@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/log.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/log.hpp"
 
 namespace h5ddp {
 namespace {

@@ -2,8 +2,8 @@
 
 #include <string>
 
-#include "core/log.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/log.hpp"
 
 namespace h5ddp {
 namespace {

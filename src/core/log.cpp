@@ -1,4 +1,4 @@
-#include "core/log.hpp"
+#include "h5ddp/log.hpp"
 
 #include <atomic>
 #include <cstdio>

@@ -14,8 +14,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/log.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/log.hpp"
 
 #ifdef H5DDP_WITH_CUDA
 #include <cuda_runtime_api.h>

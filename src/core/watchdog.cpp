@@ -1,4 +1,4 @@
-#include "core/watchdog.hpp"
+#include "h5ddp/watchdog.hpp"
 
 #include <algorithm>
 #include <cstdio>

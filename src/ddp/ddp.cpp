@@ -9,8 +9,8 @@
 #include <map>
 #include <sstream>
 
-#include "core/log.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/log.hpp"
 
 namespace h5ddp {
 namespace {

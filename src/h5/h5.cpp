@@ -7,8 +7,8 @@
 #include <fstream>
 #include <string>
 
-#include "core/log.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/log.hpp"
 
 namespace h5ddp {
 namespace detail {

@@ -8,14 +8,14 @@
 #include <filesystem>
 
 #include "checkpoint/async_checkpoint.hpp"
-#include "checkpoint/format.hpp"
-#include "core/log.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/format.hpp"
+#include "h5ddp/log.hpp"
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/policy.hpp"
 #include "h5ddp/sharded_optimizer.hpp"
 #include "h5ddp/stop_signal.hpp"
-#include "torch/torch_state.hpp"
+#include "h5ddp/torch_state.hpp"
 
 namespace h5ddp {
 namespace {

@@ -1,4 +1,4 @@
-#include "torch/torch_state.hpp"
+#include "h5ddp/torch_state.hpp"
 
 #include <ATen/Context.h>
 

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "core/log.hpp"
 #include "h5ddp/device.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/log.hpp"
 #include "h5ddp/nccl_comm.hpp"  // declares NcclComm in CUDA builds only
 
 namespace h5ddp {

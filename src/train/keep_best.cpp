@@ -4,9 +4,9 @@
 #include <optional>
 #include <utility>
 
-#include "checkpoint/format.hpp"
-#include "core/log.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/format.hpp"
+#include "h5ddp/log.hpp"
 #include "h5ddp/run_dir.hpp"
 
 namespace h5ddp {

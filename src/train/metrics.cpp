@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/log.hpp"
+#include "h5ddp/log.hpp"
 
 namespace h5ddp {
 

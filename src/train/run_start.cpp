@@ -5,9 +5,9 @@
 #include <map>
 #include <vector>
 
-#include "core/log.hpp"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/log.hpp"
 #include "h5ddp/sampler.hpp"
 #include "train/run_log.hpp"
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/watchdog.hpp"
+#include "h5ddp/watchdog.hpp"
 
 namespace h5ddp {
 

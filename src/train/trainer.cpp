@@ -6,15 +6,15 @@
 #include <optional>
 #include <thread>
 
-#include "core/log.hpp"
 #include "h5ddp/checkpointer.hpp"
 #include "h5ddp/ddp.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/log.hpp"
 #include "h5ddp/nccl_comm.hpp"  // declares NcclComm in CUDA builds only
 #include "h5ddp/sampler.hpp"
 #include "h5ddp/sharded_optimizer.hpp"
 #include "h5ddp/stop_signal.hpp"
-#include "torch/torch_state.hpp"
+#include "h5ddp/torch_state.hpp"
 #include "train/batch.hpp"
 #include "train/data_checks.hpp"
 #include "train/dataset.hpp"

@@ -6,9 +6,9 @@
 #include <fstream>
 
 #include "checkpoint/checkpoint_fixture.hpp"
-#include "checkpoint/format.hpp"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/format.hpp"
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/mpi_env.hpp"
 

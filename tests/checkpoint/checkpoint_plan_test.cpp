@@ -5,8 +5,8 @@
 #include <map>
 
 #include "checkpoint/checkpoint_internal.hpp"
-#include "checkpoint/format.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/format.hpp"
 
 using namespace h5ddp;
 using ckpt::DatasetPlan;

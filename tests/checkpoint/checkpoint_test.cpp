@@ -13,10 +13,10 @@
 
 #include "checkpoint/checkpoint_fixture.hpp"
 #include "checkpoint/checkpoint_internal.hpp"
-#include "checkpoint/format.hpp"
 #include "corrupt_dataset.hpp"
 #include "h5/h5.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/format.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "checkpoint/checkpoint_fixture.hpp"
-#include "core/watchdog.hpp"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/watchdog.hpp"
 #include "test_util.hpp"
 
 namespace h5ddp {

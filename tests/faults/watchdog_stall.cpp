@@ -8,9 +8,9 @@
 #include <string>
 #include <thread>
 
-#include "core/watchdog.hpp"
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/mpi_env.hpp"
+#include "h5ddp/watchdog.hpp"
 
 int main(int argc, char** argv) {
   double watchdog_seconds = 2, stall_seconds = 60;

@@ -1,6 +1,6 @@
 // TorchStateBinding: views into the model and optimizer, import into a fresh model/optimizer, and
 // continuation that is bitwise identical to never having stopped (no checkpoint file involved).
-#include "torch/torch_state.hpp"
+#include "h5ddp/torch_state.hpp"
 
 #include <gtest/gtest.h>
 

@@ -12,9 +12,9 @@
 #include <set>
 #include <sstream>
 
-#include "checkpoint/format.hpp"
 #include "h5ddp/error.hpp"
-#include "torch/torch_state.hpp"
+#include "h5ddp/format.hpp"
+#include "h5ddp/torch_state.hpp"
 #include "torch_pickle.hpp"
 #include "train/batch.hpp"
 #include "train/data.hpp"
