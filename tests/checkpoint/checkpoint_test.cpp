@@ -10,12 +10,12 @@
 #include <filesystem>
 #include <fstream>
 
-#include "checkpoint/checkpoint_fixture.hpp"
 #include "checkpoint/format.hpp"
-#include "corrupt_dataset.hpp"
 #include "h5/h5.hpp"
 #include "h5ddp/error.hpp"
-#include "test_util.hpp"
+#include "h5ddp_test/checkpoint_fixture.hpp"
+#include "h5ddp_test/corrupt_dataset.hpp"
+#include "h5ddp_test/test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace h5ddp;

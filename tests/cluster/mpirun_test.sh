@@ -69,7 +69,7 @@ check_discovery "$work/env-4x1.out" 4 1
 args=(--model mlp --mlp-hidden 64 --dropout 0 --batch-size 64 --max-steps 12 --seed 11 --optimizer adam
   --checkpoint-every-steps 5 --keep-last 0 --no-eval --no-fsync --no-metrics --log-every 1 --threads 1)
 final=ckpt-00000012.h5
-compare() { "$python" "$source_dir/tests/train/compare_checkpoints.py" "$@"; }
+compare() { "$python" "$source_dir/tests/support/h5ddp_test.py" compare "$@"; }
 
 mpi one-node 4 "$train" "${args[@]}" --run-dir "$work/a" >"$work/a.log" 2>&1 || fail "1 x 4 run: $(tail -5 "$work/a.log")"
 mpi two-nodes 4 "$train" "${args[@]}" --run-dir "$work/b" >"$work/b.log" 2>&1 || fail "2 x 2 run: $(tail -5 "$work/b.log")"

@@ -6,7 +6,7 @@
 
 #include "h5ddp/error.hpp"
 #include "h5ddp/mpi_comm.hpp"
-#include "test_util.hpp"
+#include "h5ddp_test/test_util.hpp"
 
 using namespace h5ddp;
 

@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "h5ddp/error.hpp"
-#include "test_util.hpp"
+#include "h5ddp_test/test_util.hpp"
 
 namespace h5ddp {
 namespace {
