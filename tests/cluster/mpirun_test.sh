@@ -82,12 +82,21 @@ fi
 # SIGKILL of every rank of node1 once the step-5 checkpoint is committed (throttled run), then resume.
 mpi two-nodes 4 "$train" "${args[@]}" --run-dir "$work/c" --step-sleep-ms 400 >"$work/c1.log" 2>&1 &
 job=$!
+# node1's two ranks are looked up while the job starts: `cluster.sh pids` scans /proc, which takes seconds on a
+# loaded machine, longer than the run needs from the step-5 to the step-10 checkpoint. The kill then follows the
+# step-5 commit within one poll.
+victims=""
+for _ in $(seq 1 1200); do
+  victims=$("$here/cluster.sh" pids "$cluster" node1 h5ddp-train | tr '\n' ' ')
+  [ "$(wc -w <<<"$victims")" -ge 2 ] && break
+  kill -0 "$job" 2>/dev/null || break
+  sleep 0.05
+done
 for _ in $(seq 1 1200); do
   [ "$(cat "$work/c/latest" 2>/dev/null)" = ckpt-00000005.h5 ] && break
   kill -0 "$job" 2>/dev/null || break
   sleep 0.05
 done
-victims=$("$here/cluster.sh" pids "$cluster" node1 h5ddp-train | tr '\n' ' ')
 if [ "$(cat "$work/c/latest" 2>/dev/null)" != ckpt-00000005.h5 ] || [ -z "${victims// /}" ]; then
   fail "no step-5 checkpoint or no ranks on node1 to kill: $(tail -5 "$work/c1.log")"
 else

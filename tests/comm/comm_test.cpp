@@ -11,7 +11,7 @@
 using namespace h5ddp;
 
 // MpiEnv (made by this binary's main before any test) excludes Open MPI's openib BTL unless the launcher
-// chose BTLs (OMPI_MCA_btl) or H5DDP_KEEP_OPENIB is set; ctest sets neither.
+// chose BTLs (OMPI_MCA_btl) or H5DDP_KEEP_OPENIB is set; ctest sets neither for this binary (tests/comm).
 TEST(MpiEnvSetup, OpenibBtlExcludedWhenNobodyChoseBtls) {
   if (std::getenv("H5DDP_KEEP_OPENIB")) GTEST_SKIP() << "H5DDP_KEEP_OPENIB is set";
   const char* btl = std::getenv("OMPI_MCA_btl");
