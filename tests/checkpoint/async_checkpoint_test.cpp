@@ -10,10 +10,10 @@
 #include <filesystem>
 #include <thread>
 
-#include "checkpoint/checkpoint_fixture.hpp"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
-#include "test_util.hpp"
+#include "h5ddp_test/checkpoint_fixture.hpp"
+#include "h5ddp_test/test_util.hpp"
 
 namespace h5ddp {
 namespace {

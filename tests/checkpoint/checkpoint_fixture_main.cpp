@@ -1,16 +1,17 @@
-// checkpoint_fixture_writer DIR SEED: all ranks save the fixture state (tests/checkpoint/checkpoint_fixture.hpp) into
-// DIR; rank 0 also writes DIR/expected/<n>.bin with each dataset's exact bytes and DIR/expected/index.txt
+// checkpoint_fixture_writer DIR SEED: all ranks save the fixture state
+// (tests/support/h5ddp_test/checkpoint_fixture.hpp) into DIR; rank 0 also writes DIR/expected/<n>.bin with each
+// dataset's exact bytes and DIR/expected/index.txt
 // ("<n> <dataset path> <dtype> <shape>") so that script tests (h5py, h5ddp-ckpt) compare against truth.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
-#include "checkpoint/checkpoint_fixture.hpp"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/mpi_env.hpp"
+#include "h5ddp_test/checkpoint_fixture.hpp"
 
 using namespace h5ddp;
 

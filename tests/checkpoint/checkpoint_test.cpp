@@ -11,13 +11,13 @@
 #include <fstream>
 #include <list>
 
-#include "checkpoint/checkpoint_fixture.hpp"
 #include "checkpoint/checkpoint_internal.hpp"
-#include "corrupt_dataset.hpp"
 #include "h5/h5.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
-#include "test_util.hpp"
+#include "h5ddp_test/checkpoint_fixture.hpp"
+#include "h5ddp_test/corrupt_dataset.hpp"
+#include "h5ddp_test/test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace h5ddp;

@@ -13,7 +13,7 @@
 #include <fstream>
 
 #include "h5ddp/error.hpp"
-#include "test_util.hpp"
+#include "h5ddp_test/test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace h5ddp;

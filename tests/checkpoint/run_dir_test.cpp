@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "checkpoint/checkpoint_fixture.hpp"
-#include "test_util.hpp"
+#include "h5ddp_test/checkpoint_fixture.hpp"
+#include "h5ddp_test/test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace h5ddp;

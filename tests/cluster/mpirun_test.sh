@@ -69,7 +69,7 @@ check_discovery "$work/env-4x1.out" 4 1
 args=(--model mlp --mlp-hidden 64 --dropout 0 --batch-size 64 --max-steps 12 --seed 11 --optimizer adam
   --checkpoint-every-steps 5 --keep-last 0 --no-eval --no-fsync --no-metrics --log-every 1 --threads 1)
 final=ckpt-00000012.h5
-compare() { "$python" "$source_dir/tests/train/compare_checkpoints.py" "$@"; }
+compare() { "$python" "$source_dir/tests/support/h5ddp_test.py" compare "$@"; }
 
 mpi one-node 4 "$train" "${args[@]}" --run-dir "$work/a" >"$work/a.log" 2>&1 || fail "1 x 4 run: $(tail -5 "$work/a.log")"
 mpi two-nodes 4 "$train" "${args[@]}" --run-dir "$work/b" >"$work/b.log" 2>&1 || fail "2 x 2 run: $(tail -5 "$work/b.log")"
@@ -82,12 +82,21 @@ fi
 # SIGKILL of every rank of node1 once the step-5 checkpoint is committed (throttled run), then resume.
 mpi two-nodes 4 "$train" "${args[@]}" --run-dir "$work/c" --step-sleep-ms 400 >"$work/c1.log" 2>&1 &
 job=$!
+# node1's two ranks are looked up while the job starts: `cluster.sh pids` scans /proc, which takes seconds on a
+# loaded machine, longer than the run needs from the step-5 to the step-10 checkpoint. The kill then follows the
+# step-5 commit within one poll.
+victims=""
+for _ in $(seq 1 1200); do
+  victims=$("$here/cluster.sh" pids "$cluster" node1 h5ddp-train | tr '\n' ' ')
+  [ "$(wc -w <<<"$victims")" -ge 2 ] && break
+  kill -0 "$job" 2>/dev/null || break
+  sleep 0.05
+done
 for _ in $(seq 1 1200); do
   [ "$(cat "$work/c/latest" 2>/dev/null)" = ckpt-00000005.h5 ] && break
   kill -0 "$job" 2>/dev/null || break
   sleep 0.05
 done
-victims=$("$here/cluster.sh" pids "$cluster" node1 h5ddp-train | tr '\n' ' ')
 if [ "$(cat "$work/c/latest" 2>/dev/null)" != ckpt-00000005.h5 ] || [ -z "${victims// /}" ]; then
   fail "no step-5 checkpoint or no ranks on node1 to kill: $(tail -5 "$work/c1.log")"
 else

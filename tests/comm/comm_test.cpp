@@ -6,12 +6,12 @@
 
 #include "h5ddp/error.hpp"
 #include "h5ddp/mpi_comm.hpp"
-#include "test_util.hpp"
+#include "h5ddp_test/test_util.hpp"
 
 using namespace h5ddp;
 
 // MpiEnv (made by this binary's main before any test) excludes Open MPI's openib BTL unless the launcher
-// chose BTLs (OMPI_MCA_btl) or H5DDP_KEEP_OPENIB is set; ctest sets neither.
+// chose BTLs (OMPI_MCA_btl) or H5DDP_KEEP_OPENIB is set; ctest sets neither for this binary (tests/comm).
 TEST(MpiEnvSetup, OpenibBtlExcludedWhenNobodyChoseBtls) {
   if (std::getenv("H5DDP_KEEP_OPENIB")) GTEST_SKIP() << "H5DDP_KEEP_OPENIB is set";
   const char* btl = std::getenv("OMPI_MCA_btl");

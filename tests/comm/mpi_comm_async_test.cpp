@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "h5ddp/error.hpp"
-#include "test_util.hpp"
+#include "h5ddp_test/test_util.hpp"
 
 namespace h5ddp {
 namespace {

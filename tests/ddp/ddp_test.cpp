@@ -12,7 +12,7 @@
 
 #include "h5ddp/error.hpp"
 #include "h5ddp/sharded_optimizer.hpp"
-#include "test_util.hpp"
+#include "h5ddp_test/test_util.hpp"
 
 namespace h5ddp {
 namespace {

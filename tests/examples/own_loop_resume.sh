@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's own-loop example (DDP + Checkpointer in a user's program) is killed and resumed, and ends
 # bitwise equal to a run that was never interrupted: model, optimizer state, tracked user state (/user),
-# every rank's RNG, counters and data position (tests/train/compare_checkpoints.py, everything compared).
+# every rank's RNG, counters and data position (tests/support/h5ddp_test.py compare, everything compared).
 #   own_loop_resume.sh BINARY NP kill|usr1
 # kill: SIGKILL of every rank after the step-100 checkpoint; usr1: SIGUSR1 to one rank -> all ranks save,
 # exit 75 (requeue me); in both cases the same command then resumes and finishes.
@@ -58,7 +58,7 @@ saved=$(cd "$work/run" && ls ckpt-*.h5 | sort | tail -n 1)
 timeout -k 5 300 "${MPIRUN[@]}" -np "$np" "$bin" "$work/run" $steps >"$work/run2.log" 2>&1 ||
   { cat "$work/run2.log"; fail "the resumed run failed"; }
 grep -q "resumed from .*$saved at step" "$work/run2.log" || { cat "$work/run2.log"; fail "did not resume from $saved"; }
-"$PY" "$here/../train/compare_checkpoints.py" "$work/ref/ckpt-00000300.h5" "$work/run/ckpt-00000300.h5" ||
+"$PY" "$here/../support/h5ddp_test.py" compare "$work/ref/ckpt-00000300.h5" "$work/run/ckpt-00000300.h5" ||
   fail "the resumed run's final checkpoint differs from the uninterrupted run's"
 for g in /user/fc2_ema; do
   h5ls "$work/run/ckpt-00000300.h5$g" >/dev/null || fail "no $g in the checkpoint"

@@ -15,8 +15,8 @@ import shutil
 import struct
 import sys
 
-import faultlib as fl
-import train_faults as tf
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import h5ddp_test as ht  # noqa: E402
 
 NP = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 FMNIST = "/usr/share/datasets/fashion-mnist"
@@ -31,13 +31,13 @@ def work():
     and 4), another model's checkpoint, and copies of Fashion-MNIST to damage."""
     global _work
     if _work is None:
-        _work = fl.scratch("bad-input")
+        _work = ht.scratch("bad-input")
         run = os.path.join(_work, "run")
-        r = tf.train(NP, run, 4)
-        fl.check(r.rc == 0 and len(fl.checkpoints(run)) == 2, f"base run failed: {r}")
+        r = ht.train(NP, run, 4)
+        ht.check(r.rc == 0 and len(ht.checkpoints(run)) == 2, f"base run failed: {r}")
         other = os.path.join(_work, "other")
-        r = fl.mpirun(1, tf.train_args(other, 1, hidden="64,64"), LIMIT)
-        fl.check(r.rc == 0, f"other-model run failed: {r}")
+        r = ht.mpirun(1, ht.train_args(other, 1, hidden="64,64"), LIMIT)
+        ht.check(r.rc == 0, f"other-model run failed: {r}")
     return _work
 
 
@@ -57,24 +57,24 @@ def expect_error(cmd, np, rc, names, phrase, protect=(), extra_env=None):
     file or option the error line must contain; `phrase`: what it must say. Returns the Result, its error line as
     `.line`."""
     before = snapshot(protect)
-    r = fl.mpirun(np, cmd, LIMIT, extra_env) if np else fl.run(cmd, LIMIT, extra_env)
-    fl.check(r.rc == rc, f"exit code {r.rc}, expected {rc}: {r}")
+    r = ht.mpirun(np, cmd, LIMIT, extra_env) if np else ht.run(cmd, LIMIT, extra_env)
+    ht.check(r.rc == rc, f"exit code {r.rc}, expected {rc}: {r}")
     for noise in NOISE:
-        fl.check(noise not in r.text, f"the output has '{noise}': {r}")
+        ht.check(noise not in r.text, f"the output has '{noise}': {r}")
     lines = [ln for ln in r.text.splitlines() if names in ln and phrase in ln]
-    fl.check(len(lines) == 1, f"expected one line naming '{names}' and saying '{phrase}', found {len(lines)}: {r}")
-    fl.check(r.text.count(phrase) == 1, f"'{phrase}' printed {r.text.count(phrase)} times: {r}")
+    ht.check(len(lines) == 1, f"expected one line naming '{names}' and saying '{phrase}', found {len(lines)}: {r}")
+    ht.check(r.text.count(phrase) == 1, f"'{phrase}' printed {r.text.count(phrase)} times: {r}")
     tags = re.findall(r"\[[^\]\s]+ rank \d+/\d+\]", lines[0])
-    fl.check(len(tags) <= 1, f"the error line names its host and rank {len(tags)} times: {lines[0]}")
-    fl.check(snapshot(protect) == before, f"files changed in {protect}")
-    fl.check("step 1/" not in r.text, f"training started: {r}")
+    ht.check(len(tags) <= 1, f"the error line names its host and rank {len(tags)} times: {lines[0]}")
+    ht.check(snapshot(protect) == before, f"files changed in {protect}")
+    ht.check("step 1/" not in r.text, f"training started: {r}")
     r.line = lines[0].strip()[:160]
     return r
 
 
 def train_cmd(run_dir, *extra):
-    """tf.train_args of a 6-step run; options in `extra` replace the same options there."""
-    args = tf.train_args(run_dir, 6)
+    """ht.train_args of a 6-step run; options in `extra` replace the same options there."""
+    args = ht.train_args(run_dir, 6)
     extra = list(extra)
     for i in range(0, len(extra) - 1):
         if extra[i].startswith("--") and extra[i] in args and not extra[i + 1].startswith("--"):
@@ -141,7 +141,7 @@ def test_data_dir_missing():
 # ---- checkpoints -----------------------------------------------------------------------------------------------
 def damaged_copy(tag, how):
     run = os.path.join(work(), "run")
-    src = fl.checkpoints(run)[-1]
+    src = ht.checkpoints(run)[-1]
     dst = os.path.join(work(), f"{tag}.h5")
     with open(src, "rb") as f:
         data = f.read()
@@ -161,7 +161,7 @@ def test_truncated_checkpoint_resume():
 
 def test_truncated_checkpoint_verify():
     cut = damaged_copy("cut-verify", lambda b: b[:len(b) // 2])
-    return expect_error([fl.tool("h5ddp-ckpt"), "verify", cut], 0, 1, cut, "file truncated").line
+    return expect_error([ht.tool("h5ddp-ckpt"), "verify", cut], 0, 1, cut, "file truncated").line
 
 
 def test_not_hdf5_resume():
@@ -172,7 +172,7 @@ def test_not_hdf5_resume():
 
 def test_empty_checkpoint_info():
     empty = damaged_copy("empty", lambda b: b"")
-    return expect_error([fl.tool("h5ddp-ckpt"), "info", empty], 0, 1, empty, "not an HDF5 file").line
+    return expect_error([ht.tool("h5ddp-ckpt"), "info", empty], 0, 1, empty, "not an HDF5 file").line
 
 
 def test_flipped_bytes_resume():
@@ -185,33 +185,33 @@ def test_flipped_bytes_resume():
     run = os.path.join(work(), "run")
     r = expect_error(train_cmd(os.path.join(work(), "run-flip"), "--resume", bad), NP, 1, bad, "corrupt data",
                      protect=[run])
-    fl.check("checksum mismatch in dataset /" in r.text, f"the dataset is not named: {r}")
+    ht.check("checksum mismatch in dataset /" in r.text, f"the dataset is not named: {r}")
     return r.line
 
 
 def test_other_model_resume_lists_differences():
     """The issue's case: an MLP 64,64 checkpoint resumed as the MLP 32: one error naming every difference."""
-    other = fl.checkpoints(os.path.join(work(), "other"))[-1]
+    other = ht.checkpoints(os.path.join(work(), "other"))[-1]
     run = os.path.join(work(), "run-other")
     r = expect_error(train_cmd(run, "--resume", other), NP, 1, other, "does not match")
     for what in ["/model/fc3.weight", "/model/fc1.weight: expected", "/model/fc2.weight: expected",
                  "/optimizer/state/fc1.bias/exp_avg: expected", "/optimizer/state/fc3.bias/exp_avg"]:
-        fl.check(what in r.text, f"difference {what} not listed: {r}")
+        ht.check(what in r.text, f"difference {what} not listed: {r}")
     return r.line
 
 
 def test_other_model_init_from_lists_differences():
-    other = fl.checkpoints(os.path.join(work(), "other"))[-1]
+    other = ht.checkpoints(os.path.join(work(), "other"))[-1]
     run = os.path.join(work(), "run-init")
     r = expect_error(train_cmd(run, "--init-from", other), NP, 1, other, "does not match")
     for what in ["/model/fc3.weight", "/model/fc1.weight: expected"]:
-        fl.check(what in r.text, f"difference {what} not listed: {r}")
+        ht.check(what in r.text, f"difference {what} not listed: {r}")
     return r.line
 
 
 def test_other_optimizer_resume():
     run = os.path.join(work(), "run")
-    ckpt = fl.checkpoints(run)[-1]
+    ckpt = ht.checkpoints(run)[-1]
     return expect_error(train_cmd(os.path.join(work(), "run-sgd"), "--resume", ckpt, "--optimizer", "sgd"), NP, 1,
                         ckpt, "optimizer state of type adam", protect=[run]).line
 
@@ -226,12 +226,12 @@ def test_bad_batch_refused_before_loading():
     """--batch-size not divisible by the rank count is refused before the checkpoint is read (the run dir's
     checkpoints untouched, no 'resumed from')."""
     if NP < 2:
-        raise fl.Skip("needs 2 ranks")
+        raise ht.Skip("needs 2 ranks")
     run = os.path.join(work(), "run")
     bad = str(60 * NP + 1)
     r = expect_error(train_cmd(run, "--batch-size", bad), NP, 1, "--batch-size " + bad, "not divisible",
                      protect=[run])
-    fl.check("resumed from" not in r.text, f"the checkpoint was loaded first: {r}")
+    ht.check("resumed from" not in r.text, f"the checkpoint was loaded first: {r}")
     return r.line
 
 
@@ -247,11 +247,11 @@ def test_bad_option_reported_when_rank0_starts_last():
     0 before it printed."""
     args = train_cmd(os.path.join(work(), "run-opt"), "--model", "resnet")
     quoted = " ".join("'" + a + "'" for a in args)
-    cmd = [fl.MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "1", "sh", "-c", f"sleep 3; exec {quoted}",
+    cmd = [ht.MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "1", "sh", "-c", f"sleep 3; exec {quoted}",
            ":", "-np", "1"] + args
-    r = fl.run(cmd, LIMIT)
-    fl.check(r.rc == 2, f"exit code {r.rc}, expected 2: {r}")
-    fl.check(r.text.count("unknown model") == 1, f"'unknown model' printed {r.text.count('unknown model')} times: {r}")
+    r = ht.run(cmd, LIMIT)
+    ht.check(r.rc == 2, f"exit code {r.rc}, expected 2: {r}")
+    ht.check(r.text.count("unknown model") == 1, f"'unknown model' printed {r.text.count('unknown model')} times: {r}")
     return f"{r.seconds:.1f}s"
 
 
@@ -274,7 +274,7 @@ def test_run_dir_is_a_file():
 
 def test_ckpt_tool_missing_file():
     missing = os.path.join(work(), "missing.h5")
-    return expect_error([fl.tool("h5ddp-ckpt"), "info", missing], 0, 1, missing, "no such file").line
+    return expect_error([ht.tool("h5ddp-ckpt"), "info", missing], 0, 1, missing, "no such file").line
 
 
 def test_ckpt_import_garbage():
@@ -282,7 +282,7 @@ def test_ckpt_import_garbage():
     with open(junk, "wb") as f:
         f.write(b"PK\x03\x04" + os.urandom(300))
     out = os.path.join(work(), "junk-imported.h5")
-    return expect_error([fl.tool("h5ddp-ckpt"), "import", junk, "--to", out], 0, 1, junk,
+    return expect_error([ht.tool("h5ddp-ckpt"), "import", junk, "--to", out], 0, 1, junk,
                         "damaged or truncated zip").line
 
 
@@ -296,7 +296,7 @@ TESTS = [test_data_longer_than_header, test_data_crc_mismatch, test_data_truncat
 
 if __name__ == "__main__":
     try:
-        sys.exit(fl.main(TESTS))
+        sys.exit(ht.main(TESTS))
     finally:
         if _work:
             shutil.rmtree(_work, ignore_errors=True)

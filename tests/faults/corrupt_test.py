@@ -7,8 +7,8 @@ import os
 import shutil
 import sys
 
-import faultlib as fl
-import train_faults as tf
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import h5ddp_test as ht  # noqa: E402
 
 NP = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 PY = os.environ.get("H5DDP_PYTHON", "/usr/bin/python3")
@@ -20,16 +20,16 @@ def base_run():
     """ckpt-2 and ckpt-4 committed, latest -> ckpt-4."""
     global _base
     if _base is None:
-        _base = fl.scratch("corrupt-base")
-        r = tf.train(NP, _base, 4)
-        fl.check(r.rc == 0, f"base run failed: {r}")
-        fl.check([tf.step_of(f) for f in fl.checkpoints(_base)] == [2, 4], f"base: {fl.checkpoints(_base)}")
+        _base = ht.scratch("corrupt-base")
+        r = ht.train(NP, _base, 4)
+        ht.check(r.rc == 0, f"base run failed: {r}")
+        ht.check([ht.step_of(f) for f in ht.checkpoints(_base)] == [2, 4], f"base: {ht.checkpoints(_base)}")
     return _base
 
 
 def h5py(code, *args):
-    r = fl.run([PY, "-c", code] + list(args), 60)
-    fl.check(r.rc == 0, f"h5py helper failed: {r}")
+    r = ht.run([PY, "-c", code] + list(args), 60)
+    ht.check(r.rc == 0, f"h5py helper failed: {r}")
     return r.out.strip()
 
 
@@ -69,68 +69,56 @@ def foreign_hdf5(path):
 
 
 def scenario(damage):
-    run_dir = tf.copy_run(base_run(), "corrupt-" + damage.__name__)
+    run_dir = ht.copy_run(base_run(), "corrupt-" + damage.__name__)
     try:
         bad = os.path.join(run_dir, "ckpt-00000004.h5")
         dataset = damage(bad)
-        v = tf.verify(bad, expect_ok=False)
-        fl.check(bad in v.text or os.path.basename(bad) in v.text, f"verify does not name the file: {v}")
+        v = ht.verify(bad, expect_ok=False)
+        ht.check(bad in v.text or os.path.basename(bad) in v.text, f"verify does not name the file: {v}")
         if dataset:
-            fl.check(dataset in v.text, f"verify does not name the damaged dataset {dataset}: {v}")
+            ht.check(dataset in v.text, f"verify does not name the damaged dataset {dataset}: {v}")
         # Explicit resume of the damaged file: an error on every rank, naming the file; no hang.
-        r = tf.train(NP, run_dir, 6, extra=["--resume", bad])
-        fl.check(r.rc != 0, f"--resume of a damaged file succeeded: {r}")
-        fl.check(os.path.basename(bad) in r.text, f"the error does not name the file: {r}")
+        r = ht.train(NP, run_dir, 6, extra=["--resume", bad])
+        ht.check(r.rc != 0, f"--resume of a damaged file succeeded: {r}")
+        ht.check(os.path.basename(bad) in r.text, f"the error does not name the file: {r}")
         if dataset:
-            fl.check(dataset in r.text, f"the error does not name the dataset {dataset}: {r}")
-        fl.check(tf.trained_steps(r) is None, f"training ran from a damaged file: {r}")
+            ht.check(dataset in r.text, f"the error does not name the dataset {dataset}: {r}")
+        ht.check(ht.trained_steps(r) is None, f"training ran from a damaged file: {r}")
         # Auto-resume: falls back to ckpt-2 with a warning naming the damaged file, then trains to the end.
-        r = tf.train(NP, run_dir, 6)
-        fl.check(r.rc == 0, f"auto-resume with a damaged newest checkpoint failed: {r}")
-        src = tf.resumed_from(r)
-        fl.check(src is not None and src[1] == 2 and src[0].endswith("ckpt-00000002.h5"),
+        r = ht.train(NP, run_dir, 6)
+        ht.check(r.rc == 0, f"auto-resume with a damaged newest checkpoint failed: {r}")
+        src = ht.resumed_from(r)
+        ht.check(src is not None and src[1] == 2 and src[0].endswith("ckpt-00000002.h5"),
                  f"auto-resume did not fall back to step 2: {src}\n{r}")
-        fl.check(os.path.basename(bad) in r.err and "warn" in r.err.lower(),
+        ht.check(os.path.basename(bad) in r.err and "warn" in r.err.lower(),
                  f"no warning naming the damaged file: {r}")
-        fl.check(tf.trained_steps(r) == 6, f"did not train to step 6: {r}")
-        tf.verify_all(run_dir)  # the damaged file was rewritten by the resumed run's save at step 4
+        ht.check(ht.trained_steps(r) == 6, f"did not train to step 6: {r}")
+        ht.verify_all(run_dir)  # the damaged file was rewritten by the resumed run's save at step 4
         return f"verify named {dataset or os.path.basename(bad)}"
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-SAME_STATE = ("import h5py,numpy,sys\n"
-              "a,b=h5py.File(sys.argv[1],'r'),h5py.File(sys.argv[2],'r')\n"
-              "def tensors(f):\n"
-              "    out={}\n"
-              "    for g in ('model','optimizer/state'):\n"
-              "        f[g].visititems(lambda n,o: out.__setitem__(g+'/'+n,o[()]) if isinstance(o,h5py.Dataset) else None)\n"
-              "    return out\n"
-              "ta,tb=tensors(a),tensors(b)\n"
-              "diff=[k for k in ta if k not in tb or ta[k].tobytes()!=tb[k].tobytes()]\n"
-              "print(len(ta), 'differ:', ' '.join(sorted(diff+[k for k in tb if k not in ta])) or '-')\n")
-
-
 def test_every_checkpoint_damaged():
     """Every candidate damaged: auto-resume warns, names each file, and starts from scratch exactly as a run
     in an empty directory does (the failed loads had overwritten part of the weights and optimizer state)."""
-    run_dir = tf.copy_run(base_run(), "corrupt-all")
-    fresh_dir = fl.scratch("corrupt-fresh")
+    run_dir = ht.copy_run(base_run(), "corrupt-all")
+    fresh_dir = ht.scratch("corrupt-fresh")
     try:
-        for c in fl.checkpoints(run_dir):
+        for c in ht.checkpoints(run_dir):
             flip_bytes(c)
-        r = tf.train(NP, run_dir, 2)
-        fl.check(r.rc == 0, f"auto-resume with every checkpoint damaged failed: {r}")
-        fl.check(tf.resumed_from(r) is None, f"resumed from a damaged file: {r}")
-        fl.check("no valid checkpoint" in r.err and "ckpt-00000002.h5" in r.err and "ckpt-00000004.h5" in r.err,
+        r = ht.train(NP, run_dir, 2)
+        ht.check(r.rc == 0, f"auto-resume with every checkpoint damaged failed: {r}")
+        ht.check(ht.resumed_from(r) is None, f"resumed from a damaged file: {r}")
+        ht.check("no valid checkpoint" in r.err and "ckpt-00000002.h5" in r.err and "ckpt-00000004.h5" in r.err,
                  f"no warning naming both damaged files: {r}")
-        fl.check(tf.trained_steps(r) == 2, f"did not train to step 2: {r}")
-        f = tf.train(NP, fresh_dir, 2)
-        fl.check(f.rc == 0, f"fresh run failed: {f}")
-        out = h5py(SAME_STATE, os.path.join(run_dir, "ckpt-00000002.h5"), os.path.join(fresh_dir, "ckpt-00000002.h5"))
-        fl.check(out.endswith("differ: -") and not out.startswith("0 "),
-                 f"the run that found only damaged checkpoints did not start as a fresh run: {out}")
-        return f"step 2 equals a fresh run's ({out.split()[0]} tensors)"
+        ht.check(ht.trained_steps(r) == 2, f"did not train to step 2: {r}")
+        f = ht.train(NP, fresh_dir, 2)
+        ht.check(f.rc == 0, f"fresh run failed: {f}")
+        same = ht.compare_checkpoints(os.path.join(run_dir, "ckpt-00000002.h5"),
+                                      os.path.join(fresh_dir, "ckpt-00000002.h5"), groups=("model", "optimizer/state"))
+        ht.check(same.ok, f"the run that found only damaged checkpoints did not start as a fresh run: {same}")
+        return f"step 2 equals a fresh run's ({same.compared} tensors)"
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
         shutil.rmtree(fresh_dir, ignore_errors=True)
@@ -139,15 +127,15 @@ def test_every_checkpoint_damaged():
 def test_other_model_fails_without_fallback():
     """A valid checkpoint of another model is not damage: auto-resume fails on every rank naming the
     difference, and neither falls back to an older file nor starts from scratch over the run directory."""
-    run_dir = tf.copy_run(base_run(), "corrupt-model")
+    run_dir = ht.copy_run(base_run(), "corrupt-model")
     try:
-        before = fl.checkpoints(run_dir)
-        r = fl.mpirun(NP, tf.train_args(run_dir, 6, hidden=48), tf.STEP_TIMEOUT)
-        fl.check(r.rc != 0, f"auto-resume with another model succeeded: {r}")
-        fl.check("ckpt-00000004.h5" in r.text and "[48]" in r.text, f"the error does not name the file and shape: {r}")
-        fl.check(tf.resumed_from(r) is None and tf.trained_steps(r) is None, f"training ran: {r}")
-        fl.check(fl.checkpoints(run_dir) == before, f"the run directory changed: {fl.checkpoints(run_dir)}")
-        tf.verify_all(run_dir)
+        before = ht.checkpoints(run_dir)
+        r = ht.mpirun(NP, ht.train_args(run_dir, 6, hidden=48), ht.STEP_TIMEOUT)
+        ht.check(r.rc != 0, f"auto-resume with another model succeeded: {r}")
+        ht.check("ckpt-00000004.h5" in r.text and "[48]" in r.text, f"the error does not name the file and shape: {r}")
+        ht.check(ht.resumed_from(r) is None and ht.trained_steps(r) is None, f"training ran: {r}")
+        ht.check(ht.checkpoints(run_dir) == before, f"the run directory changed: {ht.checkpoints(run_dir)}")
+        ht.verify_all(run_dir)
         return "failed naming ckpt-00000004.h5"
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -162,7 +150,7 @@ def make_test(damage):
 
 if __name__ == "__main__":
     try:
-        sys.exit(fl.main([make_test(d) for d in (flip_bytes, truncate, empty, foreign_hdf5)] +
+        sys.exit(ht.main([make_test(d) for d in (flip_bytes, truncate, empty, foreign_hdf5)] +
                          [test_every_checkpoint_damaged, test_other_model_fails_without_fallback]))
     finally:
         if _base:

@@ -8,8 +8,8 @@ import os
 import shutil
 import sys
 
-import faultlib as fl
-import train_faults as tf
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import h5ddp_test as ht  # noqa: E402
 
 NP = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 HIDDEN = 256  # MLP 784-256-10 with Adam: ~0.8 MB of parameters, ~2.4 MB per checkpoint
@@ -17,7 +17,7 @@ SIZE = "16m"  # the filler leaves room for 1.5 checkpoints; removing it leaves r
 
 
 def args(run_dir, max_steps, mode, sleep_ms=0):
-    return tf.train_args(run_dir, max_steps, 2, ["--on-save-error", mode, "--step-sleep-ms", str(sleep_ms)],
+    return ht.train_args(run_dir, max_steps, 2, ["--on-save-error", mode, "--step-sleep-ms", str(sleep_ms)],
                          hidden=HIDDEN)
 
 
@@ -33,11 +33,11 @@ def fill(mnt, leave_bytes):
 
 def ckpt_size():
     """Size of one checkpoint of this model (measured, not guessed)."""
-    d = fl.scratch("diskfull-size")
-    r = fl.mpirun(NP, args(d, 2, "stop"), tf.STEP_TIMEOUT)
-    fl.check(r.rc == 0, f"sizing run failed: {r}")
-    files = fl.checkpoints(d)
-    fl.check(len(files) == 1, f"sizing run left {files}")
+    d = ht.scratch("diskfull-size")
+    r = ht.mpirun(NP, args(d, 2, "stop"), ht.STEP_TIMEOUT)
+    ht.check(r.rc == 0, f"sizing run failed: {r}")
+    files = ht.checkpoints(d)
+    ht.check(len(files) == 1, f"sizing run left {files}")
     size = os.path.getsize(files[0])
     shutil.rmtree(d, ignore_errors=True)
     return size
@@ -47,27 +47,27 @@ _size = None
 
 
 def common_checks(run_dir, r):
-    fl.check(not fl.partials(run_dir), f"partial files left after a failed save: {fl.partials(run_dir)}")
-    files = tf.verify_all(run_dir)
-    fl.check(files and tf.step_of(files[0]) == 2, f"ckpt-2 missing after disk full: {files}")
-    fl.check(fl.latest_target(run_dir).endswith("ckpt-00000002.h5") or len(files) > 1,
-             f"latest moved to {fl.latest_target(run_dir)}")
+    ht.check(not ht.partials(run_dir), f"partial files left after a failed save: {ht.partials(run_dir)}")
+    files = ht.verify_all(run_dir)
+    ht.check(files and ht.step_of(files[0]) == 2, f"ckpt-2 missing after disk full: {files}")
+    ht.check(ht.latest_target(run_dir).endswith("ckpt-00000002.h5") or len(files) > 1,
+             f"latest moved to {ht.latest_target(run_dir)}")
     text = r.text
-    fl.check("ckpt-00000004.h5" in text, f"the error does not name the file being saved: {r}")
+    ht.check("ckpt-00000004.h5" in text, f"the error does not name the file being saved: {r}")
 
 
 def disk_full_stop(tag, env):
     global _size
     _size = _size or ckpt_size()
-    with fl.Mount(tag, SIZE) as m:
+    with ht.Mount(tag, SIZE) as m:
         run_dir = os.path.join(m.path, "run")
         os.mkdir(run_dir)
         fill(m.path, int(_size * 1.5))  # room for ckpt-2, not for ckpt-4 next to it
-        r = fl.mpirun(NP, args(run_dir, 6, "stop"), tf.STEP_TIMEOUT, env)
-        fl.check(r.rc != 0, f"training did not stop on a failed save: {r}")
-        fl.check(tf.trained_steps(r) is None, f"training reported success: {r}")
+        r = ht.mpirun(NP, args(run_dir, 6, "stop"), ht.STEP_TIMEOUT, env)
+        ht.check(r.rc != 0, f"training did not stop on a failed save: {r}")
+        ht.check(ht.trained_steps(r) is None, f"training reported success: {r}")
         common_checks(run_dir, r)
-        fl.check(fl.latest_target(run_dir).endswith("ckpt-00000002.h5"), "latest moved")
+        ht.check(ht.latest_target(run_dir).endswith("ckpt-00000002.h5"), "latest moved")
         first = [l for l in r.err.splitlines() if "ckpt-00000004" in l][:1]
         return f"stopped: {first[0][:160] if first else ''}"
 
@@ -86,7 +86,7 @@ def test_disk_full_inside_hdf5_stop():
 def test_disk_full_continue_then_retry():
     global _size
     _size = _size or ckpt_size()
-    with fl.Mount("diskfull-continue", SIZE) as m:
+    with ht.Mount("diskfull-continue", SIZE) as m:
         run_dir = os.path.join(m.path, "run")
         os.mkdir(run_dir)
         filler = fill(m.path, int(_size * 1.5))
@@ -98,16 +98,16 @@ def test_disk_full_continue_then_retry():
                 os.remove(filler)
                 state["freed_after_failure"] = True
 
-        r = fl.mpirun_watch(NP, args(run_dir, 8, "continue", 400), tf.STEP_TIMEOUT, on_line)
-        fl.check(r.rc == 0, f"--on-save-error continue did not finish: {r}")
-        fl.check(state["freed_after_failure"], f"no failed save at step 4 was reported: {r}")
-        fl.check(tf.trained_steps(r) == 8, f"did not train to step 8: {r}")
+        r = ht.mpirun_watch(NP, args(run_dir, 8, "continue", 400), ht.STEP_TIMEOUT, on_line)
+        ht.check(r.rc == 0, f"--on-save-error continue did not finish: {r}")
+        ht.check(state["freed_after_failure"], f"no failed save at step 4 was reported: {r}")
+        ht.check(ht.trained_steps(r) == 8, f"did not train to step 8: {r}")
         common_checks(run_dir, r)
-        steps = [tf.step_of(f) for f in fl.checkpoints(run_dir)]
-        fl.check(steps == [2, 6, 8], f"expected ckpt 2, 6 (retry at the next trigger) and 8, got {steps}")
-        fl.check(fl.latest_target(run_dir).endswith("ckpt-00000008.h5"), "latest does not name step 8")
+        steps = [ht.step_of(f) for f in ht.checkpoints(run_dir)]
+        ht.check(steps == [2, 6, 8], f"expected ckpt 2, 6 (retry at the next trigger) and 8, got {steps}")
+        ht.check(ht.latest_target(run_dir).endswith("ckpt-00000008.h5"), "latest does not name step 8")
         return f"checkpoints {steps}"
 
 
 if __name__ == "__main__":
-    sys.exit(fl.main([test_disk_full_stop, test_disk_full_inside_hdf5_stop, test_disk_full_continue_then_retry]))
+    sys.exit(ht.main([test_disk_full_stop, test_disk_full_inside_hdf5_stop, test_disk_full_continue_then_retry]))

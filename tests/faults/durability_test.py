@@ -21,8 +21,8 @@ import re
 import shutil
 import sys
 
-import faultlib as fl
-import train_faults as tf
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import h5ddp_test as ht  # noqa: E402
 
 NP = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 SYNC_CALLS = ("fsync", "fdatasync", "syncfs", "sync", "sync_file_range")
@@ -86,9 +86,9 @@ def traced_train(run_dir, trace_dir, max_steps, extra=()):
     wrapper = ('exec strace -f -qq -ttt -T -y -s 64 %s -e trace=%s '
                '-o "%s/trace.${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-$$}}" "$@"'
                % ("--seccomp-bpf" if seccomp_ok() else "", TRACED, trace_dir))
-    args = ["/bin/sh", "-c", wrapper, "sh"] + tf.train_args(run_dir, max_steps, every=2, extra=extra,
+    args = ["/bin/sh", "-c", wrapper, "sh"] + ht.train_args(run_dir, max_steps, every=2, extra=extra,
                                                             keep_last=1)
-    return fl.mpirun(NP, args, tf.STEP_TIMEOUT * 3)
+    return ht.mpirun(NP, args, ht.STEP_TIMEOUT * 3)
 
 
 _seccomp = None
@@ -98,22 +98,22 @@ def seccomp_ok():
     """--seccomp-bpf stops only at the traced calls (much less overhead); older strace lacks it."""
     global _seccomp
     if _seccomp is None:
-        _seccomp = fl.run(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=fsync", "-o", "/dev/null",
+        _seccomp = ht.run(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=fsync", "-o", "/dev/null",
                            "true"], 30).rc == 0
     return _seccomp
 
 
 def require_strace():
     if shutil.which("strace") is None:
-        raise fl.Skip("strace is not installed (apt-get install strace; tools/setup.sh installs it)")
-    r = fl.run(["strace", "-f", "-qq", "-e", "trace=fsync", "-o", "/dev/null", "true"], 30)
+        raise ht.Skip("strace is not installed (apt-get install strace; tools/setup.sh installs it)")
+    r = ht.run(["strace", "-f", "-qq", "-e", "trace=fsync", "-o", "/dev/null", "true"], 30)
     if r.rc != 0:
-        raise fl.Skip(f"strace cannot trace here (ptrace not permitted?): {r.err.strip()[-300:]}")
+        raise ht.Skip(f"strace cannot trace here (ptrace not permitted?): {r.err.strip()[-300:]}")
 
 
 def load_traces(trace_dir):
     files = sorted(glob.glob(os.path.join(trace_dir, "trace.*")))
-    fl.check(len(files) == NP, f"expected {NP} strace outputs (one per rank), found {files}")
+    ht.check(len(files) == NP, f"expected {NP} strace outputs (one per rank), found {files}")
     return [parse(f, f.rsplit(".", 1)[1]) for f in files]
 
 
@@ -131,7 +131,7 @@ def check_save(traces, run_dir, name):
         return [c for c in calls if c.name in RENAME_CALLS and c.ok() and c.strings()[:2] == [src, dst]]
 
     committers = [(t, c) for t in traces for c in renames(t, partial, final)]
-    fl.check(len(committers) == 1, f"{name}: expected one rename {partial} -> {final}, found {committers}")
+    ht.check(len(committers) == 1, f"{name}: expected one rename {partial} -> {final}, found {committers}")
     rank0, rename = committers[0]
     relevant = [c for t in traces for c in t if partial in (c.fd_path() or "") + " ".join(c.strings())]
 
@@ -144,27 +144,27 @@ def check_save(traces, run_dir, name):
         writers += 1
         last_write = max(c.end for c in writes)
         syncs = [c for c in t if c.name in SYNC_CALLS and c.fd_path() == partial and c.start >= last_write]
-        fl.check(syncs, f"{name}: rank {t[0].proc} wrote {partial} but never fsynced it after its last "
+        ht.check(syncs, f"{name}: rank {t[0].proc} wrote {partial} but never fsynced it after its last "
                  f"write:\n    {describe(relevant)}")
-        fl.check(min(c.end for c in syncs) <= rename.start,
+        ht.check(min(c.end for c in syncs) <= rename.start,
                  f"{name}: rank {t[0].proc} fsynced {partial} only after the rename:\n    {describe(relevant)}")
-    fl.check(writers >= 1, f"{name}: no rank wrote {partial}? (trace not understood)")
+    ht.check(writers >= 1, f"{name}: no rank wrote {partial}? (trace not understood)")
 
     # 2. The directory is fsynced after the rename and before `latest` moves.
     mine = rank0
     latest_moves = [c for c in renames(mine, tmp, latest) if c.start >= rename.end]
-    fl.check(latest_moves, f"{name}: `latest` was not moved after the rename")
+    ht.check(latest_moves, f"{name}: `latest` was not moved after the rename")
     move = latest_moves[0]
     dir_syncs = [c for c in mine if c.name in SYNC_CALLS and c.fd_path() == d]
-    fl.check(any(rename.end <= c.start and c.end <= move.start for c in dir_syncs),
+    ht.check(any(rename.end <= c.start and c.end <= move.start for c in dir_syncs),
              f"{name}: no fsync of {d} between the rename of {partial} and the move of `latest`:\n    "
              f"{describe([c for c in mine if rename.start <= c.start <= move.end])}")
 
     # 3. latest.tmp: written with the new name, fsynced, renamed, directory fsynced before anything else.
     tmp_writes = [c for c in mine if c.name in WRITE_CALLS and c.fd_path() == tmp and rename.end <= c.start < move.start]
-    fl.check(tmp_writes and name in tmp_writes[-1].args,
+    ht.check(tmp_writes and name in tmp_writes[-1].args,
              f"{name}: latest.tmp was not written with {name} before its rename: {tmp_writes}")
-    fl.check(any(c.name in SYNC_CALLS and c.fd_path() == tmp and c.start >= tmp_writes[-1].end and c.end <= move.start
+    ht.check(any(c.name in SYNC_CALLS and c.fd_path() == tmp and c.start >= tmp_writes[-1].end and c.end <= move.start
                  for c in mine),
              f"{name}: latest.tmp not fsynced between its write and its rename:\n    "
              f"{describe([c for c in mine if rename.start <= c.start <= move.end])}")
@@ -174,7 +174,7 @@ def check_save(traces, run_dir, name):
     after = [c for c in mine if c.start >= move.end and c.ok() and (
         c.name in RENAME_CALLS or (c.name in ("unlink", "unlinkat") and any(ckpt_name.match(s) for s in c.strings())))]
     bound = after[0].start if after else float("inf")
-    fl.check(any(move.end <= c.start and c.end <= bound for c in dir_syncs),
+    ht.check(any(move.end <= c.start and c.end <= bound for c in dir_syncs),
              f"{name}: no fsync of {d} after `latest` moved (before {after[0] if after else 'the end'}):\n    "
              f"{describe([c for c in mine if move.start <= c.start <= bound])}")
     return f"{name}: {writers} writer(s) fsynced before the rename; dir fsync; latest.tmp write+fsync+rename; dir fsync"
@@ -182,18 +182,18 @@ def check_save(traces, run_dir, name):
 
 def test_save_fsyncs_in_order():
     require_strace()
-    run_dir, trace_dir = fl.scratch("durable"), fl.scratch("durable-trace")
+    run_dir, trace_dir = ht.scratch("durable"), ht.scratch("durable-trace")
     run_dir = os.path.realpath(run_dir)  # strace -y prints resolved paths
     try:
         r = traced_train(run_dir, trace_dir, 4)
-        fl.check(r.rc == 0, f"traced run failed: {r}")
-        fl.check([tf.step_of(f) for f in fl.checkpoints(run_dir)] == [4], f"{fl.checkpoints(run_dir)}")
+        ht.check(r.rc == 0, f"traced run failed: {r}")
+        ht.check([ht.step_of(f) for f in ht.checkpoints(run_dir)] == [4], f"{ht.checkpoints(run_dir)}")
         traces = load_traces(trace_dir)
         notes = [check_save(traces, run_dir, n) for n in ("ckpt-00000002.h5", "ckpt-00000004.h5")]
         # Retention removed ckpt-2 only after `latest` named ckpt-4 durably (checked in check_save).
         removed = [c for t in traces for c in t if c.name in ("unlink", "unlinkat") and c.ok()
                    and os.path.join(run_dir, "ckpt-00000002.h5") in c.strings()]
-        fl.check(len(removed) == 1, f"retention did not remove ckpt-2 exactly once: {removed}")
+        ht.check(len(removed) == 1, f"retention did not remove ckpt-2 exactly once: {removed}")
         return "; ".join(notes)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -202,18 +202,18 @@ def test_save_fsyncs_in_order():
 
 def test_no_fsync_means_none():
     require_strace()
-    run_dir, trace_dir = fl.scratch("nofsync"), fl.scratch("nofsync-trace")
+    run_dir, trace_dir = ht.scratch("nofsync"), ht.scratch("nofsync-trace")
     run_dir = os.path.realpath(run_dir)
     try:
         r = traced_train(run_dir, trace_dir, 4, extra=["--no-fsync"])
-        fl.check(r.rc == 0, f"traced run failed: {r}")
-        fl.check([tf.step_of(f) for f in fl.checkpoints(run_dir)] == [4], f"{fl.checkpoints(run_dir)}")
+        ht.check(r.rc == 0, f"traced run failed: {r}")
+        ht.check([ht.step_of(f) for f in ht.checkpoints(run_dir)] == [4], f"{ht.checkpoints(run_dir)}")
         traces = load_traces(trace_dir)
         syncs = [c for t in traces for c in t if c.name in SYNC_CALLS]
-        fl.check(not syncs, f"--no-fsync still made fsync-family calls:\n    {describe(syncs)}")
+        ht.check(not syncs, f"--no-fsync still made fsync-family calls:\n    {describe(syncs)}")
         renamed = [c for t in traces for c in t if c.name in RENAME_CALLS and c.ok()
                    and all(s.startswith(run_dir + "/") for s in c.strings())]
-        fl.check(len(renamed) == 4, f"expected 2 checkpoint and 2 `latest` renames, traced {renamed}")
+        ht.check(len(renamed) == 4, f"expected 2 checkpoint and 2 `latest` renames, traced {renamed}")
         return f"no fsync-family call in {sum(len(t) for t in traces)} traced calls of {NP} rank(s)"
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -221,4 +221,4 @@ def test_no_fsync_means_none():
 
 
 if __name__ == "__main__":
-    sys.exit(fl.main([test_save_fsyncs_in_order, test_no_fsync_means_none]))
+    sys.exit(ht.main([test_save_fsyncs_in_order, test_no_fsync_means_none]))

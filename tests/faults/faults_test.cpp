@@ -12,11 +12,11 @@
 #include <thread>
 #include <vector>
 
-#include "checkpoint/checkpoint_fixture.hpp"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/watchdog.hpp"
-#include "test_util.hpp"
+#include "h5ddp_test/checkpoint_fixture.hpp"
+#include "h5ddp_test/test_util.hpp"
 
 namespace h5ddp {
 namespace {

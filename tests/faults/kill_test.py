@@ -12,8 +12,8 @@ import os
 import shutil
 import sys
 
-import faultlib as fl
-import train_faults as tf
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import h5ddp_test as ht  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("np", type=int)
@@ -32,10 +32,10 @@ def base_run():
     """A run directory holding ckpt-2 (committed, latest): shared by every scenario, copied per test."""
     global _base
     if _base is None:
-        _base = fl.scratch("kill-base")
-        r = tf.train(NP, _base, 2, extra=EXTRA)
-        fl.check(r.rc == 0, f"base run failed: {r}")
-        fl.check([tf.step_of(f) for f in fl.checkpoints(_base)] == [2], f"base run: {fl.checkpoints(_base)}")
+        _base = ht.scratch("kill-base")
+        r = ht.train(NP, _base, 2, extra=EXTRA)
+        ht.check(r.rc == 0, f"base run failed: {r}")
+        ht.check([ht.step_of(f) for f in ht.checkpoints(_base)] == [2], f"base run: {ht.checkpoints(_base)}")
     return _base
 
 
@@ -48,27 +48,27 @@ def check_latest(run_dir, allowed_steps, what):
     with open(os.path.join(run_dir, "latest"), "rb") as f:
         text = f.read()
     names = {f"ckpt-{s:08d}.h5\n".encode(): s for s in allowed_steps}
-    fl.check(text in names, f"{what}: latest holds {text!r}, expected one of {sorted(names)}")
-    fl.check(os.path.isfile(os.path.join(run_dir, text.decode().strip())), f"{what}: latest names a missing file")
+    ht.check(text in names, f"{what}: latest holds {text!r}, expected one of {sorted(names)}")
+    ht.check(os.path.isfile(os.path.join(run_dir, text.decode().strip())), f"{what}: latest names a missing file")
     return names[text]
 
 
 def kill_scenario(phase, who):
-    run_dir = tf.copy_run(base_run(), f"kill-{phase}-{who}")
+    run_dir = ht.copy_run(base_run(), f"kill-{phase}-{who}")
     try:
-        r = tf.train(NP, run_dir, 6, extra=EXTRA, env=hook_env(phase, who))
-        fl.check(r.rc != 0, f"run with {phase}:{who} was not killed: {r}")
-        fl.check("killing this rank at " + phase in r.text, f"fault hook did not fire: {r}")
-        files = tf.verify_all(run_dir)
-        steps = [tf.step_of(f) for f in files]
-        partial_left = len(fl.partials(run_dir))
+        r = ht.train(NP, run_dir, 6, extra=EXTRA, env=hook_env(phase, who))
+        ht.check(r.rc != 0, f"run with {phase}:{who} was not killed: {r}")
+        ht.check("killing this rank at " + phase in r.text, f"fault hook did not fire: {r}")
+        files = ht.verify_all(run_dir)
+        steps = [ht.step_of(f) for f in files]
+        partial_left = len(ht.partials(run_dir))
         # Rank 0 renames and moves `latest` once every rank's data is durable (agreed by allreduce). When
         # another rank dies just before the rename, rank 0 may still commit the complete file before mpirun
         # kills it: both outcomes are valid, the file verifies either way. From the rename on (the commit
         # point), step 4 is there whatever `latest` says.
         allowed = {"before_data": [[2]], "mid_data": [[2]],
                    "before_rename": [[2]] if who in ("all", "0") else [[2], [2, 4]]}.get(phase, [[2, 4]])
-        fl.check(steps in allowed, f"{phase}:{who}: checkpoints left {steps}, expected one of {allowed}")
+        ht.check(steps in allowed, f"{phase}:{who}: checkpoints left {steps}, expected one of {allowed}")
         # latest: the old name until latest.tmp is renamed, the new one after. When another rank than 0 was
         # killed, rank 0 may have moved it before mpirun killed rank 0 too: either committed file.
         if who not in ("all", "0"):
@@ -78,14 +78,14 @@ def kill_scenario(phase, who):
         latest_step = check_latest(run_dir, latest_allowed, f"{phase}:{who}")
         # The restart: resumes from the newest complete checkpoint (never a .partial, never an older file
         # because `latest` still names it) and finishes.
-        r2 = tf.train(NP, run_dir, 6, extra=EXTRA)
-        fl.check(r2.rc == 0, f"restart after {phase}:{who} failed: {r2}")
-        src = tf.resumed_from(r2)
-        fl.check(src is not None, f"restart after {phase}:{who} did not resume: {r2}")
-        fl.check(not src[0].endswith(".partial") and src[1] == max(steps),
+        r2 = ht.train(NP, run_dir, 6, extra=EXTRA)
+        ht.check(r2.rc == 0, f"restart after {phase}:{who} failed: {r2}")
+        src = ht.resumed_from(r2)
+        ht.check(src is not None, f"restart after {phase}:{who} did not resume: {r2}")
+        ht.check(not src[0].endswith(".partial") and src[1] == max(steps),
                  f"restart after {phase}:{who} resumed from {src}, expected step {max(steps)} (checkpoints {steps})")
-        fl.check(tf.trained_steps(r2) == 6, f"restart did not reach step 6: {r2}")
-        tf.verify_all(run_dir)
+        ht.check(ht.trained_steps(r2) == 6, f"restart did not reach step 6: {r2}")
+        ht.verify_all(run_dir)
         check_latest(run_dir, [6], f"after the restart from {phase}:{who}")
         return (f"after the kill: checkpoints {steps}, {partial_left} partial, latest -> step {latest_step}; "
                 f"resumed from step {src[1]}")
@@ -96,24 +96,24 @@ def kill_scenario(phase, who):
 def retention_scenario():
     """Killed between two removals of retention: ckpt-2,4,6 committed (keep everything), then a run with
     --keep-last 1 saves step 8, moves `latest` to it and is killed after removing the first old file."""
-    run_dir = tf.copy_run(base_run(), "kill-mid_retention")
+    run_dir = ht.copy_run(base_run(), "kill-mid_retention")
     try:
-        r = tf.train(NP, run_dir, 6, extra=EXTRA)
-        fl.check(r.rc == 0 and [tf.step_of(f) for f in fl.checkpoints(run_dir)] == [2, 4, 6], f"setup: {r}")
-        r = tf.train(NP, run_dir, 10, extra=EXTRA, env=hook_env("mid_retention", "all"), keep_last=1)
-        fl.check(r.rc != 0, f"run with mid_retention:all was not killed: {r}")
-        fl.check("killing this rank at mid_retention" in r.text, f"fault hook did not fire: {r}")
-        steps = [tf.step_of(f) for f in tf.verify_all(run_dir)]
-        fl.check(8 in steps and len(steps) == 3 and set(steps) < {2, 4, 6, 8},
+        r = ht.train(NP, run_dir, 6, extra=EXTRA)
+        ht.check(r.rc == 0 and [ht.step_of(f) for f in ht.checkpoints(run_dir)] == [2, 4, 6], f"setup: {r}")
+        r = ht.train(NP, run_dir, 10, extra=EXTRA, env=hook_env("mid_retention", "all"), keep_last=1)
+        ht.check(r.rc != 0, f"run with mid_retention:all was not killed: {r}")
+        ht.check("killing this rank at mid_retention" in r.text, f"fault hook did not fire: {r}")
+        steps = [ht.step_of(f) for f in ht.verify_all(run_dir)]
+        ht.check(8 in steps and len(steps) == 3 and set(steps) < {2, 4, 6, 8},
                  f"expected step 8 and two of 2, 4, 6 left (one removed), found {steps}")
         check_latest(run_dir, [8], "mid_retention")
-        r2 = tf.train(NP, run_dir, 10, extra=EXTRA, keep_last=1)
-        fl.check(r2.rc == 0, f"restart after mid_retention failed: {r2}")
-        src = tf.resumed_from(r2)
-        fl.check(src is not None and src[1] == 8, f"restart after mid_retention resumed from {src}, expected 8")
-        fl.check(tf.trained_steps(r2) == 10, f"restart did not reach step 10: {r2}")
-        left = [tf.step_of(f) for f in tf.verify_all(run_dir)]
-        fl.check(left == [10], f"retention after the restart left {left}, expected [10]")
+        r2 = ht.train(NP, run_dir, 10, extra=EXTRA, keep_last=1)
+        ht.check(r2.rc == 0, f"restart after mid_retention failed: {r2}")
+        src = ht.resumed_from(r2)
+        ht.check(src is not None and src[1] == 8, f"restart after mid_retention resumed from {src}, expected 8")
+        ht.check(ht.trained_steps(r2) == 10, f"restart did not reach step 10: {r2}")
+        left = [ht.step_of(f) for f in ht.verify_all(run_dir)]
+        ht.check(left == [10], f"retention after the restart left {left}, expected [10]")
         check_latest(run_dir, [10], "after the restart from mid_retention")
         return f"after the kill: checkpoints {steps}, latest -> step 8; resumed from step 8, retention left {left}"
     finally:
@@ -123,13 +123,13 @@ def retention_scenario():
 def test_hook_not_armed_without_test_hooks():
     """H5DDP_FAULT_INJECT alone (a stray variable in a production environment) kills nothing: the hook is
     armed only with H5DDP_TEST_HOOKS=1 too, and says that it ignored the variable."""
-    run_dir = tf.copy_run(base_run(), "kill-unarmed")
+    run_dir = ht.copy_run(base_run(), "kill-unarmed")
     try:
-        r = tf.train(NP, run_dir, 4, extra=EXTRA, env={"H5DDP_FAULT_INJECT": "before_data:all"})
-        fl.check(r.rc == 0, f"run with an unarmed H5DDP_FAULT_INJECT failed: {r}")
-        fl.check("killing this rank" not in r.text and "ignoring H5DDP_FAULT_INJECT" in r.text,
+        r = ht.train(NP, run_dir, 4, extra=EXTRA, env={"H5DDP_FAULT_INJECT": "before_data:all"})
+        ht.check(r.rc == 0, f"run with an unarmed H5DDP_FAULT_INJECT failed: {r}")
+        ht.check("killing this rank" not in r.text and "ignoring H5DDP_FAULT_INJECT" in r.text,
                  f"expected the unarmed hook to be ignored with a warning: {r}")
-        fl.check([tf.step_of(f) for f in tf.verify_all(run_dir)] == [2, 4], f"{fl.checkpoints(run_dir)}")
+        ht.check([ht.step_of(f) for f in ht.verify_all(run_dir)] == [2, 4], f"{ht.checkpoints(run_dir)}")
         return "ignored with a warning; the run saved step 4"
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -152,7 +152,7 @@ def tests():
 
 if __name__ == "__main__":
     try:
-        sys.exit(fl.main(tests()))
+        sys.exit(ht.main(tests()))
     finally:
         if _base:
             shutil.rmtree(_base, ignore_errors=True)

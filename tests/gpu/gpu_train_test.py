@@ -19,11 +19,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "faults"))
+sys.path.insert(0, os.path.join(HERE, "..", "support"))
 sys.path.insert(0, os.path.join(HERE, "..", "train"))
-import faultlib as fl  # noqa: E402
+import h5ddp_test as ht  # noqa: E402
 import promises_test as pt  # noqa: E402
-import train_faults as tf  # noqa: E402
 
 import h5py  # noqa: E402
 
@@ -60,22 +59,22 @@ def visible_gpus():
 def need_gpus():
     n, why = visible_gpus()
     if n == 0:
-        raise fl.Skip(why)
+        raise ht.Skip(why)
     if n < NP:
-        raise fl.Skip(f"needs {NP} GPUs (one per rank: NCCL refuses two ranks on one GPU), {why}")
+        raise ht.Skip(f"needs {NP} GPUs (one per rank: NCCL refuses two ranks on one GPU), {why}")
 
 
 def args(run_dir, device, *extra):
-    return [fl.tool("h5ddp-train"), "--run-dir", run_dir, "--device", device, "--model", "mlp", "--mlp-hidden", "64",
+    return [ht.tool("h5ddp-train"), "--run-dir", run_dir, "--device", device, "--model", "mlp", "--mlp-hidden", "64",
             "--dropout", "0", "--optimizer", "sgd", "--momentum", "0", "--lr", "0.1", "--batch-size", "64",
             "--no-fsync", "--no-eval", "--threads", "1", "--log-every", "1", "--keep-last", "0"] + \
         [str(a) for a in extra]
 
 
 def train(run_dir, device, *extra, expect_rc=0):
-    r = fl.mpirun(NP, args(run_dir, device, *extra), LAUNCH, CUDA_ENV)
+    r = ht.mpirun(NP, args(run_dir, device, *extra), LAUNCH, CUDA_ENV)
     if expect_rc is not None:
-        fl.check(r.rc == expect_rc, f"h5ddp-train --device {device} {' '.join(map(str, extra))}: exit code {r.rc}, "
+        ht.check(r.rc == expect_rc, f"h5ddp-train --device {device} {' '.join(map(str, extra))}: exit code {r.rc}, "
                                     f"expected {expect_rc}: {r}")
     return r
 
@@ -83,8 +82,8 @@ def train(run_dir, device, *extra, expect_rc=0):
 def device_line(r, want):
     """The text after `device: ` in a run's output; it must start with `want` (cuda or cpu)."""
     lines = re.findall(r"^\s*device:\s*(.*?)\s*$", r.text, re.MULTILINE | re.IGNORECASE)
-    fl.check(lines, f"no 'device: ...' line in h5ddp-train's output: {r}")
-    fl.check(all(x.lower().startswith(want) for x in lines), f"device line(s) {lines}, expected '{want}...': {r}")
+    ht.check(lines, f"no 'device: ...' line in h5ddp-train's output: {r}")
+    ht.check(all(x.lower().startswith(want) for x in lines), f"device line(s) {lines}, expected '{want}...': {r}")
     return lines[0]
 
 
@@ -101,8 +100,8 @@ def losses(run_dir):
 
 
 def check_resumed(r, step):
-    got = tf.resumed_from(r)
-    fl.check(got is not None and got[0].endswith(f"ckpt-{step:08d}.h5") and got[1] == step,
+    got = ht.resumed_from(r)
+    ht.check(got is not None and got[0].endswith(f"ckpt-{step:08d}.h5") and got[1] == step,
              f"expected 'resumed from ...ckpt-{step:08d}.h5 at step {step}', got {got}: {r}")
 
 
@@ -118,21 +117,21 @@ def test_ddp_cuda_equals_cpu():
     of every step. Catches: a rank on the wrong GPU or all on one, gradients not averaged over NCCL, a CUDA
     checkpoint saving other tensors than the CPU one, --device cuda silently training on the CPU."""
     need_gpus()
-    g, c = pt.scratch("gpu-cuda"), pt.scratch("gpu-cpu")
+    g, c = ht.scratch("gpu-cuda"), ht.scratch("gpu-cpu")
     rg = train(g, "cuda", "--max-steps", 10)
     rc = train(c, "cpu", "--max-steps", 10)
     line = device_line(rg, "cuda")
     device_line(rc, "cpu")
     for d in (g, c):
-        fl.check(os.path.isfile(pt.ckpt(d, 10)), f"no final checkpoint in {d}")
-    tf.verify(pt.ckpt(g, 10))
-    r = pt.compare(pt.ckpt(g, 10), pt.ckpt(c, 10), *TOL)
-    fl.check(r.rc == 0, f"CUDA and CPU checkpoints differ beyond rtol 1e-4, atol 1e-6: {r}")
+        ht.check(os.path.isfile(ht.ckpt(d, 10)), f"no final checkpoint in {d}")
+    ht.verify(ht.ckpt(g, 10))
+    r = ht.compare(ht.ckpt(g, 10), ht.ckpt(c, 10), *TOL)
+    ht.check(r.rc == 0, f"CUDA and CPU checkpoints differ beyond rtol 1e-4, atol 1e-6: {r}")
     lg, lc = losses(g), losses(c)
-    fl.check(sorted(lg) == list(range(1, 11)) and sorted(lc) == list(range(1, 11)),
+    ht.check(sorted(lg) == list(range(1, 11)) and sorted(lc) == list(range(1, 11)),
              f"train records by step: cuda {sorted(lg)}, cpu {sorted(lc)}")
     bad = [(s, lg[s], lc[s]) for s in lg if abs(lg[s] - lc[s]) > 1e-4 * abs(lc[s]) + 1e-6]
-    fl.check(not bad, f"losses differ (step, cuda, cpu): {bad}")
+    ht.check(not bad, f"losses differ (step, cuda, cpu): {bad}")
     nccl = "nccl" in rg.text.lower()
     return f"worst difference {worst(r)}; device: {line}{'' if nccl else ' (output does not mention nccl)'}"
 
@@ -144,25 +143,25 @@ def test_save_gpu_load_cpu():
     the CPU and the model equal to the file's /model. Catches: device-bound tensors or CUDA-only state in the
     file, a resume that cannot place the state on another device, an export that needs a GPU."""
     need_gpus()
-    g10, c10 = pt.scratch("gpu-g10"), pt.scratch("gpu-c10")
+    g10, c10 = ht.scratch("gpu-g10"), ht.scratch("gpu-c10")
     train(g10, "cuda", "--max-steps", 10)
     train(c10, "cpu", "--max-steps", 10)
-    g2c = pt.copy_with([pt.ckpt(g10, 10)], "gpu-g10-cpu20")
+    g2c = ht.copy_with([ht.ckpt(g10, 10)], "gpu-g10-cpu20")
     r = train(g2c, "cpu", "--max-steps", 20)
     check_resumed(r, 10)
     device_line(r, "cpu")
-    c2g = pt.copy_with([pt.ckpt(c10, 10)], "gpu-c10-cuda20")
+    c2g = ht.copy_with([ht.ckpt(c10, 10)], "gpu-c10-cuda20")
     r = train(c2g, "cuda", "--max-steps", 20)
     check_resumed(r, 10)
     device_line(r, "cuda")
     for d in (g2c, c2g):
-        fl.check(os.path.isfile(pt.ckpt(d, 20)), f"no step-20 checkpoint in {d}")
-        tf.verify(pt.ckpt(d, 20))
-    mixed = pt.compare(pt.ckpt(g2c, 20), pt.ckpt(c2g, 20), *TOL)
-    fl.check(mixed.rc == 0, f"GPU->CPU and CPU->GPU runs differ at step 20: {mixed}")
+        ht.check(os.path.isfile(ht.ckpt(d, 20)), f"no step-20 checkpoint in {d}")
+        ht.verify(ht.ckpt(d, 20))
+    mixed = ht.compare(ht.ckpt(g2c, 20), ht.ckpt(c2g, 20), *TOL)
+    ht.check(mixed.rc == 0, f"GPU->CPU and CPU->GPU runs differ at step 20: {mixed}")
     exported = os.path.join(g10, "ckpt-10.pt")
-    r = fl.run([fl.tool("h5ddp-ckpt"), "export", pt.ckpt(g10, 10), "--to", exported], 180)
-    fl.check(r.rc == 0 and os.path.isfile(exported), f"h5ddp-ckpt export of the CUDA checkpoint failed: {r}")
+    r = ht.run([ht.tool("h5ddp-ckpt"), "export", ht.ckpt(g10, 10), "--to", exported], 180)
+    ht.check(r.rc == 0 and os.path.isfile(exported), f"h5ddp-ckpt export of the CUDA checkpoint failed: {r}")
     check = r"""
 import sys, h5py, numpy as np, torch
 d = torch.load(sys.argv[1], map_location="cpu")
@@ -182,8 +181,8 @@ with h5py.File(sys.argv[2], "r") as f:
         assert np.array_equal(d["model"][k].numpy(), f["model"][k][()]), k
 print(f"{len(tensors)} tensors on the CPU, {len(keys)} model tensors equal to the file's")
 """
-    r = fl.run([sys.executable, "-c", check, exported, pt.ckpt(g10, 10)], 180)
-    fl.check(r.rc == 0, f"torch.load(map_location='cpu') of the exported CUDA checkpoint: {r}")
+    r = ht.run([sys.executable, "-c", check, exported, ht.ckpt(g10, 10)], 180)
+    ht.check(r.rc == 0, f"torch.load(map_location='cpu') of the exported CUDA checkpoint: {r}")
     return f"both directions resume from step 10 (worst difference {worst(mixed)}); export: {r.out.strip()}"
 
 
@@ -194,13 +193,13 @@ def test_kill_resume_cuda_bitwise():
     uninterrupted run tells CUDA nondeterminism (two uninterrupted runs differ) from a resume bug (they agree).
     Catches: CUDA state (weights, optimizer, CUDA RNG) not restored exactly, device copies that round."""
     need_gpus()
-    a, b = pt.scratch("gpu-kill-a"), pt.scratch("gpu-kill-b")
+    a, b = ht.scratch("gpu-kill-a"), ht.scratch("gpu-kill-b")
     common = ["--max-steps", 16, "--checkpoint-every-steps", 8]
     train(a, "cuda", *common)
-    job = pt.Job(args(b, "cuda", *common, "--step-sleep-ms", 300), CUDA_ENV)
+    job = ht.Job(pt.NP, args(b, "cuda", *common, "--step-sleep-ms", 300), CUDA_ENV)
     ranks = []
     try:
-        job.wait_for(lambda: fl.latest_target(b) == pt.ckpt(b, 8), LAUNCH, "the step-8 checkpoint")
+        job.wait_for(lambda: ht.latest_target(b) == ht.ckpt(b, 8), LAUNCH, "the step-8 checkpoint")
         ranks = subprocess.run(["pgrep", "-P", str(job.p.pid), "-f", "h5ddp-train"], capture_output=True,
                                text=True, timeout=30).stdout.split()
         for pid in ranks:
@@ -214,19 +213,19 @@ def test_kill_resume_cuda_bitwise():
         deadline = time.monotonic() + 60
         while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
             time.sleep(0.1)
-    fl.check(not os.path.exists(pt.ckpt(b, 16)), "the run finished before it was killed")
-    fl.check(os.path.isfile(pt.ckpt(b, 8)), "no step-8 checkpoint after the kill")
+    ht.check(not os.path.exists(ht.ckpt(b, 16)), "the run finished before it was killed")
+    ht.check(os.path.isfile(ht.ckpt(b, 8)), "no step-8 checkpoint after the kill")
     r = train(b, "cuda", *common)
     check_resumed(r, 8)
     device_line(r, "cuda")
-    r = pt.compare(pt.ckpt(a, 16), pt.ckpt(b, 16))
+    r = ht.compare(ht.ckpt(a, 16), ht.ckpt(b, 16))
     if r.rc != 0:
-        a2 = pt.scratch("gpu-kill-a2")
+        a2 = ht.scratch("gpu-kill-a2")
         train(a2, "cuda", *common)
-        r2 = pt.compare(pt.ckpt(a, 16), pt.ckpt(a2, 16))
+        r2 = ht.compare(ht.ckpt(a, 16), ht.ckpt(a2, 16))
         verdict = ("two uninterrupted CUDA runs differ too: CUDA kernels are not deterministic here"
                    if r2.rc != 0 else "two uninterrupted CUDA runs are equal: the resume lost or changed state")
-        raise fl.Failure(f"resumed CUDA run differs from the uninterrupted one ({verdict}): {r}\n{r2}")
+        raise ht.Failure(f"resumed CUDA run differs from the uninterrupted one ({verdict}): {r}\n{r2}")
     return f"killed after step 8 ({len(ranks)} ranks), resumed, step 16 bitwise equal"
 
 
@@ -236,30 +235,30 @@ def test_bf16_trains():
     weights) and finite, close to an fp32 run's (relative L2 within 5%) but not equal to it.
     Catches: bf16 ignored (equal to fp32), weights saved in bf16, a diverging or NaN loss."""
     need_gpus()
-    d, f32 = pt.scratch("gpu-bf16"), pt.scratch("gpu-fp32")
+    d, f32 = ht.scratch("gpu-bf16"), ht.scratch("gpu-fp32")
     r = train(d, "cuda", "--precision", "bf16", "--max-steps", 20)
     line = device_line(r, "cuda")
-    fl.check("bf16" in line.lower(), f"the device line does not name bf16: {line!r}")
+    ht.check("bf16" in line.lower(), f"the device line does not name bf16: {line!r}")
     ls = losses(d)
-    fl.check(sorted(ls) == list(range(1, 21)), f"train records by step {sorted(ls)}, expected 1..20")
-    fl.check(all(math.isfinite(x) for x in ls.values()), f"losses not finite: {ls}")
+    ht.check(sorted(ls) == list(range(1, 21)), f"train records by step {sorted(ls)}, expected 1..20")
+    ht.check(all(math.isfinite(x) for x in ls.values()), f"losses not finite: {ls}")
     tail = sum(ls[s] for s in range(16, 21)) / 5
-    fl.check(tail < 0.9 * ls[1], f"loss did not decrease: step 1 {ls[1]:.4f}, steps 16-20 average {tail:.4f}")
-    w = pt.weights(pt.ckpt(d, 20))
-    with h5py.File(pt.ckpt(d, 20), "r") as f:
+    ht.check(tail < 0.9 * ls[1], f"loss did not decrease: step 1 {ls[1]:.4f}, steps 16-20 average {tail:.4f}")
+    w = pt.weights(ht.ckpt(d, 20))
+    with h5py.File(ht.ckpt(d, 20), "r") as f:
         dtypes = {k: str(f["model"][k].dtype) for k in f["model"]}
-    fl.check(all(t == "float32" for t in dtypes.values()), f"model tensors not float32: {dtypes}")
-    fl.check(all(math.isfinite(float(abs(v).max())) for v in w.values()), "weights not finite")
-    tf.verify(pt.ckpt(d, 20))
+    ht.check(all(t == "float32" for t in dtypes.values()), f"model tensors not float32: {dtypes}")
+    ht.check(all(math.isfinite(float(abs(v).max())) for v in w.values()), "weights not finite")
+    ht.verify(ht.ckpt(d, 20))
     train(f32, "cuda", "--precision", "fp32", "--max-steps", 20)
-    r = pt.compare(pt.ckpt(d, 20), pt.ckpt(f32, 20), "--norm-rtol", "0.05", "--skip-rng")
-    fl.check(r.rc == 0, f"bf16 and fp32 runs differ by more than 5% (relative L2): {r}")
-    same = pt.compare(pt.ckpt(d, 20), pt.ckpt(f32, 20), "--skip-rng")
-    fl.check(same.rc != 0, "the bf16 run is bitwise equal to the fp32 run: --precision bf16 had no effect")
+    r = ht.compare(ht.ckpt(d, 20), ht.ckpt(f32, 20), "--norm-rtol", "0.05", "--skip-rng")
+    ht.check(r.rc == 0, f"bf16 and fp32 runs differ by more than 5% (relative L2): {r}")
+    same = ht.compare(ht.ckpt(d, 20), ht.ckpt(f32, 20), "--skip-rng")
+    ht.check(same.rc != 0, "the bf16 run is bitwise equal to the fp32 run: --precision bf16 had no effect")
     return f"loss {ls[1]:.4f} -> {ls[20]:.4f}; vs fp32: {worst(r)} relative; device: {line}"
 
 
 TESTS = [test_ddp_cuda_equals_cpu, test_save_gpu_load_cpu, test_kill_resume_cuda_bitwise, test_bf16_trains]
 
 if __name__ == "__main__":
-    pt.cli(TESTS)
+    ht.cli(TESTS)

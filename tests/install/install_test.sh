@@ -57,6 +57,6 @@ rm "$tmp/r1/runs/mine/ckpt-00000100.h5"
 (cd "$tmp/r1" && "${MPIRUN[@]}" -np 2 "$tmp/readme_build/train" 300) | grep -q "readme_loop: exit 0" || fail "readme 300"
 [ ! -f "$tmp/r1/runs/mine/ckpt-00000100.h5" ] || fail "the README loop started over instead of resuming"
 (cd "$tmp/r2" && "${MPIRUN[@]}" -np 2 "$tmp/readme_build/train" 300) | grep -q "readme_loop: exit 0" || fail "readme ref"
-"$PY" "$src/tests/train/compare_checkpoints.py" "$tmp/r1/runs/mine/ckpt-00000300.h5" "$tmp/r2/runs/mine/ckpt-00000300.h5" ||
+"$PY" "$src/tests/support/h5ddp_test.py" compare "$tmp/r1/runs/mine/ckpt-00000300.h5" "$tmp/r2/runs/mine/ckpt-00000300.h5" ||
   fail "the README loop resumed differs from the uninterrupted one"
 echo "PASS: find_package(h5ddp) consumers: MPI, own_loop kill+resume bitwise, README snippet resume bitwise"

@@ -15,13 +15,13 @@ import os
 import shutil
 import sys
 
-import h5py
-import numpy as np
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import pt_loop  # noqa: E402  (puts python/ and tests/interop on sys.path)
 import interop_common as ic  # noqa: E402
+
+sys.path.insert(0, os.path.join(HERE, "..", "support"))
+import h5ddp_test as ht  # noqa: E402
 
 TOL = 1e-5
 STEPS, RESUME_AT = 6, 3
@@ -56,18 +56,12 @@ def ckpt(run_dir, step):
 
 
 def compare_states(a, b):
-    """Tensors within TOL, data position and RNG rows exactly."""
-    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
-        for group in ("model", "optimizer/state"):
-            names = []
-            fa[group].visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
-            assert names, f"{a}: nothing under /{group}"
-            for n in names:
-                x, y = fa[group][n][()], fb[group][n][()]
-                diff = float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-                assert diff <= TOL, f"/{group}/{n}: max difference {diff} between {a} and {b}"
-        for d in ("data/epoch", "data/position", "data/seed", "data/global_batch", "train/step", "rng/cpu"):
-            assert np.array_equal(fa[d][()], fb[d][()]), f"/{d} differs between {a} and {b}"
+    """Tensors within TOL, data position and RNG rows exactly (h5ddp_test.compare_checkpoints)."""
+    c = ht.compare_checkpoints(a, b, atol=TOL, groups=("model", "optimizer/state"))
+    assert c.ok, f"{a} vs {b}: {c}"
+    c = ht.compare_checkpoints(a, b, groups=("data/epoch", "data/position", "data/seed", "data/global_batch",
+                                             "train/step", "rng/cpu"))
+    assert c.ok, f"{a} vs {b}: {c}"
 
 
 def main():

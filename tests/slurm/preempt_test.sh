@@ -191,7 +191,7 @@ same() {
   if [ -n "$ckpt_tool" ]; then
     "$ckpt_tool" diff "$1" "$2"
   else
-    "$python" "$here/ckpt_same.py" "$1" "$2"
+    "$python" "$here/../support/h5ddp_test.py" compare --datasets-only "$1" "$2"
   fi
 }
 

@@ -68,7 +68,7 @@ if [ -f "$work/ref/$final_name" ] && [ -f "$work/run/$final_name" ]; then
   if [ -n "$ckpt_tool" ]; then
     "$ckpt_tool" diff "$work/ref/$final_name" "$work/run/$final_name" >"$work/diff.out" 2>&1 || rc=$?
   else
-    "$python" "$here/ckpt_same.py" "$work/ref/$final_name" "$work/run/$final_name" >"$work/diff.out" 2>&1 || rc=$?
+    "$python" "$here/../support/h5ddp_test.py" compare --datasets-only "$work/ref/$final_name" "$work/run/$final_name" >"$work/diff.out" 2>&1 || rc=$?
   fi
   [ "$rc" -eq 0 ] || { cat "$work/diff.out" >&2; fail "$final_name differs from the uninterrupted run's ($rc)"; }
 else

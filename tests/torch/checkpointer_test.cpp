@@ -12,12 +12,12 @@
 #include <functional>
 
 #include "checkpoint/checkpoint_internal.hpp"
-#include "corrupt_dataset.hpp"
 #include "h5/h5.hpp"
 #include "h5ddp/bucketing.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/stop_signal.hpp"
-#include "test_util.hpp"
+#include "h5ddp_test/corrupt_dataset.hpp"
+#include "h5ddp_test/test_util.hpp"
 
 namespace h5ddp {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
-#include "test_util.hpp"
+#include "h5ddp_test/test_util.hpp"
 #include "train/models.hpp"
 
 namespace h5ddp {

@@ -5,7 +5,7 @@
 #   async_equals_sync.sh NP
 source "$(dirname "$0")/lib.sh"
 np=$1
-args=(--max-steps 9 --checkpoint-every-steps 3 --dropout 0.25)
+args=(--max-steps 9 --checkpoint-every-steps 3 --dropout 0.25 --data-dir "$SMALL_DATA")
 run_train "$np" "$WORK/s.log" "${args[@]}" --run-dir "$WORK/sync" || { cat "$WORK/s.log"; fail "sync run failed"; }
 run_train "$np" "$WORK/a.log" "${args[@]}" --run-dir "$WORK/async" --async-checkpoint ||
   { cat "$WORK/a.log"; fail "async run failed"; }

@@ -4,13 +4,12 @@
 Every subprocess is bounded; no assertion depends on the machine's speed."""
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "faults"))
+sys.path.insert(0, os.path.join(HERE, "..", "support"))
 sys.path.insert(0, HERE)
-import faultlib as fl  # noqa: E402
+import h5ddp_test as ht  # noqa: E402
 import promises_test as pt  # noqa: E402
 
 import h5py  # noqa: E402
@@ -23,9 +22,9 @@ CONVERT = os.path.join(HERE, "..", "..", "tools", "h5ddp-data.py")
 
 def train(run_dir, *extra, expect_rc=0, resume="none"):
     """h5ddp-train at NP ranks (one log record per step); fails the test unless it exits with expect_rc."""
-    r = fl.mpirun(NP, [fl.tool("h5ddp-train"), "--run-dir", run_dir, "--no-fsync", "--threads", "1",
+    r = ht.mpirun(NP, [ht.tool("h5ddp-train"), "--run-dir", run_dir, "--no-fsync", "--threads", "1",
                        "--log-every", "1", "--resume", resume] + [str(a) for a in extra], pt.LAUNCH)
-    fl.check(r.rc == expect_rc, f"exit {r.rc}, expected {expect_rc}: {r}")
+    ht.check(r.rc == expect_rc, f"exit {r.rc}, expected {expect_rc}: {r}")
     return r
 
 
@@ -35,10 +34,10 @@ def end_record(run_dir):
 
 
 def fashion_h5():
-    d = pt.scratch("data-fm")
+    d = ht.scratch("data-fm")
     path = os.path.join(d, "fashion-mnist.h5")
-    r = fl.run([pt.PY, CONVERT, "fashion-mnist", pt.DATA_DIR, "-o", path], 300)
-    fl.check(r.rc == 0, f"converter failed: {r}")
+    r = ht.run([ht.PY, CONVERT, "fashion-mnist", pt.DATA_DIR, "-o", path], 300)
+    ht.check(r.rc == 0, f"converter failed: {r}")
     return path
 
 
@@ -48,14 +47,14 @@ def test_fashion_bitwise():
     checkpoint identical and the same test accuracy and loss. Catches: a wrong row offset, another normalisation,
     labels of another row, a sample order that depends on the data source."""
     fm = fashion_h5()
-    mem, h5 = pt.scratch("data-mem"), pt.scratch("data-h5")
+    mem, h5 = ht.scratch("data-mem"), ht.scratch("data-h5")
     common = ["--model", "cnn", "--batch-size", 120, "--max-steps", 30]
     train(mem, *common)
     r = train(h5, *common, "--data", fm)
-    fl.check("60000 samples [1, 28, 28] uint8" in r.text, f"no data line: {r}")
-    pt.check_bitwise(pt.ckpt(mem, 30), pt.ckpt(h5, 30), "HDF5 data vs in-memory Fashion-MNIST")
+    ht.check("60000 samples [1, 28, 28] uint8" in r.text, f"no data line: {r}")
+    ht.check_bitwise(ht.ckpt(mem, 30), ht.ckpt(h5, 30), "HDF5 data vs in-memory Fashion-MNIST")
     a, b = end_record(mem), end_record(h5)
-    fl.check(a["test_accuracy"] == b["test_accuracy"] and abs(a["test_loss"] - b["test_loss"]) < 1e-6,
+    ht.check(a["test_accuracy"] == b["test_accuracy"] and abs(a["test_loss"] - b["test_loss"]) < 1e-6,
              f"evaluation differs: {a} vs {b}")
     return f"bitwise; test accuracy {a['test_accuracy']:.4f} both"
 
@@ -66,13 +65,13 @@ def test_async_save_beside_reads():
     Catches: the data reads going through the non-thread-safe HDF5 library beside the writer (crash or corrupt
     rows), a save that sees a half-read batch."""
     fm = fashion_h5()
-    sync, asy = pt.scratch("data-sync"), pt.scratch("data-async")
+    sync, asy = ht.scratch("data-sync"), ht.scratch("data-async")
     common = ["--model", "mlp", "--mlp-hidden", "256", "--batch-size", 64, "--max-steps", 40, "--data", fm,
               "--checkpoint-every-steps", 5, "--keep-last", 0, "--no-eval"]
     train(sync, *common)
     train(asy, *common, "--async-checkpoint")
     for step in (20, 40):
-        pt.check_bitwise(pt.ckpt(sync, step), pt.ckpt(asy, step), f"async vs sync at step {step}")
+        ht.check_bitwise(ht.ckpt(sync, step), ht.ckpt(asy, step), f"async vs sync at step {step}")
     return "async == sync at steps 20 and 40"
 
 
@@ -90,7 +89,7 @@ def test_regression_targets():
     fits y = x.w + 0.5 (test MSE below 1% of the targets' variance after 300 SGD steps), the end record carries
     test_loss and no accuracy, h5ddp-ckpt eval reports the same loss, and --keep-best (which keeps the best
     accuracy) is refused. Catches: cross-entropy on float targets, an accuracy invented for regression."""
-    d = pt.scratch("data-regression")
+    d = ht.scratch("data-regression")
     rng = np.random.default_rng(3)
     w = rng.normal(size=8).astype(np.float32)
     path = os.path.join(d, "reg.h5")
@@ -107,14 +106,14 @@ def test_regression_targets():
           "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0")
     end = end_record(run)
     var = float(np.var(w)) * 8
-    fl.check("test_accuracy" not in end and end["test_loss"] < 0.01 * var, f"end record {end} (variance {var:.3f})")
-    r = fl.run([fl.tool("h5ddp-ckpt"), "eval", pt.ckpt(run, 300), "--data", path, "--count", "512"], 120)
-    fl.check(r.rc == 0 and "accuracy -1" in r.out, f"eval: {r}")
+    ht.check("test_accuracy" not in end and end["test_loss"] < 0.01 * var, f"end record {end} (variance {var:.3f})")
+    r = ht.run([ht.tool("h5ddp-ckpt"), "eval", ht.ckpt(run, 300), "--data", path, "--count", "512"], 120)
+    ht.check(r.rc == 0 and "accuracy -1" in r.out, f"eval: {r}")
     loss = float(r.out.split("loss ")[1].split()[0])
-    fl.check(abs(loss - end["test_loss"]) <= 1e-5 * max(1.0, end["test_loss"]), f"eval {loss} vs {end['test_loss']}")
+    ht.check(abs(loss - end["test_loss"]) <= 1e-5 * max(1.0, end["test_loss"]), f"eval {loss} vs {end['test_loss']}")
     r = train(os.path.join(d, "best"), "--model-file", model, "--data", path, "--batch-size", 64, "--max-steps", 4,
               "--keep-best", "--eval-every-steps", 2, expect_rc=1)
-    fl.check("--keep-best" in r.text and "regression" in r.text, f"no clear error: {r}")
+    ht.check("--keep-best" in r.text and "regression" in r.text, f"no clear error: {r}")
     return f"test MSE {end['test_loss']:.2e}, eval agrees, --keep-best refused"
 
 
@@ -124,23 +123,23 @@ def test_bf16_resume_bitwise():
     at its step-12 checkpoint and resumed is bit for bit the uninterrupted one. Catches: autocast not applied,
     autocast state leaking past the forward (the next step or the save computing in bf16), a resume that loses
     bitwise exactness in bf16."""
-    a, b, f = pt.scratch("bf16-a"), pt.scratch("bf16-b"), pt.scratch("bf16-fp32")
+    a, b, f = ht.scratch("bf16-a"), ht.scratch("bf16-b"), ht.scratch("bf16-fp32")
     common = ["--model", "cnn", "--batch-size", 64, "--checkpoint-every-steps", 12, "--keep-last", 0, "--no-eval"]
     train(a, *common, "--max-steps", 24, "--precision", "bf16")
     train(f, *common, "--max-steps", 24)
     train(b, *common, "--max-steps", 12, "--precision", "bf16")
-    fl.check(pt.compare(pt.ckpt(a, 24), pt.ckpt(f, 24)).rc != 0, "bf16 and fp32 runs are identical: no autocast")
+    ht.check(ht.compare(ht.ckpt(a, 24), ht.ckpt(f, 24)).rc != 0, "bf16 and fp32 runs are identical: no autocast")
     r = train(b, *common, "--max-steps", 24, "--precision", "bf16", resume="auto")
-    fl.check("resumed from" in r.text, f"did not resume: {r}")
-    pt.check_bitwise(pt.ckpt(a, 24), pt.ckpt(b, 24), "bf16 resumed vs uninterrupted")
+    ht.check("resumed from" in r.text, f"did not resume: {r}")
+    ht.check_bitwise(ht.ckpt(a, 24), ht.ckpt(b, 24), "bf16 resumed vs uninterrupted")
     with open(os.path.join(a, "metrics.jsonl")) as fh:
         losses = [x["loss"] for x in map(json.loads, fh) if x["event"] == "train"]
     first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
-    fl.check(len(losses) == 24 and last < first, f"bf16 losses {losses}")
+    ht.check(len(losses) == 24 and last < first, f"bf16 losses {losses}")
     return f"bf16 != fp32, resume bitwise, loss {first:.3f} -> {last:.3f}"
 
 
 TESTS = [test_fashion_bitwise, test_async_save_beside_reads, test_regression_targets, test_bf16_resume_bitwise]
 
 if __name__ == "__main__":
-    pt.cli(TESTS)
+    ht.cli(TESTS)

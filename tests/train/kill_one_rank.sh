@@ -4,7 +4,7 @@
 #   kill_one_rank.sh NP
 source "$(dirname "$0")/lib.sh"
 np=$1
-args=(--max-steps 12 --checkpoint-every-steps 3 --run-dir "$WORK/k")
+args=(--max-steps 12 --checkpoint-every-steps 3 --run-dir "$WORK/k" --data-dir "$SMALL_DATA")
 start_train "$np" "$WORK/k1.log" "${args[@]}" --step-sleep-ms 300
 wait_for 90 latest_is "$WORK/k" ckpt-00000003.h5
 target=$(rank_pids "$JOB_PID" | tail -n 1)

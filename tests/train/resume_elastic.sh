@@ -4,13 +4,13 @@
 # match exactly; with dropout 0 the weights match within the tolerance of a different summation order
 # (the gradient allreduce adds the per-rank means in another order): SGD elementwise --rtol 1e-4
 # --atol 1e-6; Adam per tensor ||a-b|| <= 1e-5 ||b|| (Adam turns rounding-level gradients into
-# lr-sized updates of either sign; see compare_checkpoints.py).
+# lr-sized updates of either sign; see compare_checkpoints in tests/support/h5ddp_test.py).
 # With `shard` (issue 25) the legs alternate ZeRO-1 and replicated optimizers: 4 sharded -> 2 replicated ->
 # 1 sharded -> 4 sharded, against the replicated 1-rank reference, within the same tolerance.
 #   resume_elastic.sh OPTIMIZER [shard]
 source "$(dirname "$0")/lib.sh"
 opt=$1 mode=${2:-}
-args=(--optimizer "$opt" --dropout 0 --seed 3)
+args=(--optimizer "$opt" --dropout 0 --seed 3 --data-dir "$SMALL_DATA")
 [ "$opt" = sgd ] && args+=(--lr 0.05 --momentum 0.9)
 
 run_train 1 "$WORK/ref.log" "${args[@]}" --max-steps 16 --run-dir "$WORK/ref" ||

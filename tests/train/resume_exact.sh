@@ -6,7 +6,7 @@
 source "$(dirname "$0")/lib.sh"
 np=$1 opt=$2 mode=${3:-}
 S=12 K=5
-args=(--optimizer "$opt" --dropout 0.25 --max-steps $S --seed 11)
+args=(--optimizer "$opt" --dropout 0.25 --max-steps $S --seed 11 --data-dir "$SMALL_DATA")
 [ "$opt" = sgd ] && args+=(--lr 0.05 --momentum 0.9)
 [ "$mode" = shard ] && args+=(--shard-optimizer)
 

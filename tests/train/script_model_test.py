@@ -13,16 +13,13 @@ import json
 import math
 import os
 import re
-import signal
-import subprocess
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "faults"))
+sys.path.insert(0, os.path.join(HERE, "..", "support"))
 sys.path.insert(0, HERE)
-import faultlib as fl  # noqa: E402
+import h5ddp_test as ht  # noqa: E402
 import promises_test as pt  # noqa: E402
 
 import h5py  # noqa: E402
@@ -198,15 +195,15 @@ def py_eval(model, x, y, mean, std):
 
 # ---- running h5ddp-train -----------------------------------------------------------------------------------------
 def train_args(run_dir, model, data, *extra):
-    return [fl.tool("h5ddp-train"), "--run-dir", run_dir, "--model-file", model, "--data", data,
+    return [ht.tool("h5ddp-train"), "--run-dir", run_dir, "--model-file", model, "--data", data,
             "--batch-size", str(BATCH), "--no-fsync", "--threads", "1", "--log-every", "1", "--seed", "5",
             "--keep-last", "0"] + [str(a) for a in extra]
 
 
 def train(np_, run_dir, model, data, *extra, expect_rc=0, timeout=LAUNCH):
-    r = fl.mpirun(np_, train_args(run_dir, model, data, *extra), timeout)
+    r = ht.mpirun(np_, train_args(run_dir, model, data, *extra), timeout)
     if expect_rc is not None:
-        fl.check(r.rc == expect_rc, f"h5ddp-train at {np_} ranks {' '.join(map(str, extra))}: exit code {r.rc}, "
+        ht.check(r.rc == expect_rc, f"h5ddp-train at {np_} ranks {' '.join(map(str, extra))}: exit code {r.rc}, "
                                     f"expected {expect_rc}: {r}")
     return r
 
@@ -225,94 +222,18 @@ def model_datasets(path):
         return {k: f["model"][k][()] for k in f["model"]}
 
 
-def bitwise_groups(a, b, groups=("model", "optimizer")):
-    """Every dataset under the given groups of checkpoints a and b: same names, dtypes, shapes and bytes."""
-    diffs, n = [], 0
-
-    def collect(f, g):
-        out = {}
-        if g in f:
-            f[g].visititems(lambda name, obj: out.__setitem__(f"{g}/{name}", obj[()])
-                            if isinstance(obj, h5py.Dataset) else None)
-        return out
-
-    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
-        for g in groups:
-            da, db = collect(fa, g), collect(fb, g)
-            fl.check(da, f"{a} has no datasets under /{g}")
-            for k in sorted(set(da) | set(db)):
-                n += 1
-                if k not in da or k not in db:
-                    diffs.append(f"{k}: only in {'A' if k in da else 'B'}")
-                    continue
-                x, y = np.asarray(da[k]), np.asarray(db[k])
-                if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
-                    diffs.append(f"{k}: {x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}, "
-                                 f"{int(np.sum(x != y)) if x.shape == y.shape else '?'} elements differ")
-    return n, diffs
-
-
 def check_state_names(ckpt, model):
     names = set(model_datasets(ckpt))
     want = set(model.state_dict().keys())
-    fl.check(names == want, f"{ckpt} /model names differ from the Python state_dict: only in the file "
+    ht.check(names == want, f"{ckpt} /model names differ from the Python state_dict: only in the file "
                             f"{sorted(names - want)}, only in state_dict {sorted(want - names)}")
     return names
-
-
-class Job:
-    """mpirun of h5ddp-train in its own session, stdout and stderr read line by line as they come;
-    kill() SIGKILLs every rank (mpirun's children, by pid) and then mpirun's process group."""
-
-    def __init__(self, np_, argv):
-        cmd = [fl.MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(np_)] + argv
-        self.t0 = time.monotonic()
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  env=fl.env(), start_new_session=True, bufsize=1)
-        self.lines = []
-        self.reader = threading.Thread(target=lambda: self.lines.extend(iter(self.p.stdout.readline, "")),
-                                       daemon=True)
-        self.reader.start()
-
-    @property
-    def text(self):
-        return "".join(self.lines)
-
-    def wait_for(self, pred, timeout, what):
-        deadline = time.monotonic() + timeout
-        while not pred():
-            if self.p.poll() is not None:
-                time.sleep(0.2)
-                if pred():
-                    return
-                raise fl.Failure(f"the job ended (rc {self.p.returncode}) before {what}:\n{self.text[-3000:]}")
-            if time.monotonic() > deadline:
-                self.kill()
-                raise fl.Failure(f"timed out after {timeout}s waiting for {what}:\n{self.text[-3000:]}")
-            time.sleep(0.02)
-
-    def kill(self):
-        if self.p.poll() is not None:
-            return
-        ranks = subprocess.run(["pgrep", "-P", str(self.p.pid)], capture_output=True, text=True,
-                               timeout=10).stdout.split()
-        for pid in ranks:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            os.killpg(self.p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.p.wait(timeout=30)
-        self.reader.join(10)
 
 
 def committed(run_dir, step):
     """True once ckpt-<step> is committed: `latest` names it (the commit moves `latest` after the rename)."""
     name = f"ckpt-{step:08d}.h5"
-    target = fl.latest_target(run_dir)
+    target = ht.latest_target(run_dir)
     return target is not None and os.path.basename(target) == name and os.path.isfile(os.path.join(run_dir, name))
 
 
@@ -326,12 +247,12 @@ def test_kill_resume_bitwise():
     """A: NP ranks, 24 uninterrupted steps (checkpoints every 8). B: the same, SIGKILLed (every rank, no warning)
     after its checkpoint at step 16 is committed and step 17 has run, then resumed (--resume auto) to 24. The
     final checkpoints of A and B are equal bit for bit: every /model and /optimizer dataset (BatchNorm running
-    statistics and num_batches_tracked included), and every other dataset (compare_checkpoints.py). The /model
+    statistics and num_batches_tracked included), and every other dataset (h5ddp_test.compare_checkpoints). The /model
     names are exactly the Python state_dict() keys; /meta says model=torchscript with class, hash and file.
     Catches: BN buffers not saved or not restored (they would restart from init), a buffer saved from a rank
     other than the one evaluated, names that do not load into the Python class, a resume that loses the
     script's state, the sample order or the data position of an HDF5 data set."""
-    d = pt.scratch("script-kill")
+    d = ht.scratch("script-kill")
     data, _ = dataset(d)
     model = new_model()
     m = script(model, os.path.join(d, "resnet.pt"))
@@ -341,7 +262,7 @@ def test_kill_resume_bitwise():
     train(NP, a, m, data, *common)
     t_a = time.monotonic() - t0
 
-    job = Job(NP, train_args(b, m, data, *common, "--step-sleep-ms", 100))
+    job = ht.Job(NP, train_args(b, m, data, *common, "--step-sleep-ms", 100))
     try:
         job.wait_for(lambda: committed(b, 16) and max_step_printed(job.text) >= 17, 120,
                      "checkpoint 16 committed and step 17 printed")
@@ -349,32 +270,33 @@ def test_kill_resume_bitwise():
     finally:
         job.kill()
     killed_at = max_step_printed(job.text)
-    fl.check(job.p.returncode != 0, f"the killed run exited {job.p.returncode}")
-    fl.check(not os.path.exists(pt.ckpt(b, 24)), f"the run finished (step 24) before the kill:\n{job.text[-2000:]}")
-    fl.check(killed_at < 24, f"killed after step {killed_at}")
+    ht.check(job.p.returncode != 0, f"the killed run exited {job.p.returncode}")
+    ht.check(not os.path.exists(ht.ckpt(b, 24)), f"the run finished (step 24) before the kill:\n{job.text[-2000:]}")
+    ht.check(killed_at < 24, f"killed after step {killed_at}")
     r = train(NP, b, m, data, *common)
-    fl.check(re.search(r"resumed from .*ckpt-00000016\.h5 at step 16", r.text),
+    ht.check(re.search(r"resumed from .*ckpt-00000016\.h5 at step 16", r.text),
              f"the second run did not resume from ckpt-16: {r}")
     res = events(b, "resume")
-    fl.check(res and res[-1]["step"] == 16, f"resume records {res}")
+    ht.check(res and res[-1]["step"] == 16, f"resume records {res}")
 
-    ca, cb = pt.ckpt(a, 24), pt.ckpt(b, 24)
-    n, diffs = bitwise_groups(ca, cb)
-    fl.check(not diffs, f"/model and /optimizer of A and B differ at step 24 ({len(diffs)} of {n}): {diffs[:10]}")
-    pt.check_bitwise(ca, cb, "uninterrupted vs killed + resumed (all datasets)")
+    ca, cb = ht.ckpt(a, 24), ht.ckpt(b, 24)
+    groups = ht.compare_checkpoints(ca, cb, groups=("model", "optimizer"))
+    n, diffs = groups.compared, groups.problems
+    ht.check(not diffs, f"/model and /optimizer of A and B differ at step 24 ({len(diffs)} of {n}): {diffs[:10]}")
+    ht.check_bitwise(ca, cb, "uninterrupted vs killed + resumed (all datasets)")
 
     names = check_state_names(ca, model)
     bn = sorted(k for k in names if k.endswith(("running_mean", "running_var", "num_batches_tracked")))
-    fl.check(len(bn) == 9, f"BatchNorm buffers in /model: {bn}")
+    ht.check(len(bn) == 9, f"BatchNorm buffers in /model: {bn}")
     w = model_datasets(ca)
     init = model.state_dict()
     for k in bn:
         if k.endswith("num_batches_tracked"):
-            fl.check(int(w[k]) == 24, f"{k} = {w[k]} after 24 training forwards, expected 24")
+            ht.check(int(w[k]) == 24, f"{k} = {w[k]} after 24 training forwards, expected 24")
         else:
-            fl.check(not np.array_equal(w[k], init[k].numpy()), f"{k} never left its initial value")
-    meta = pt.attrs(ca, "meta")
-    fl.check(meta.get("model") == "torchscript" and str(meta.get("model_class", "")).endswith("SmallResNet")
+            ht.check(not np.array_equal(w[k], init[k].numpy()), f"{k} never left its initial value")
+    meta = ht.attrs(ca, "meta")
+    ht.check(meta.get("model") == "torchscript" and str(meta.get("model_class", "")).endswith("SmallResNet")
              and re.fullmatch(r"[0-9a-f]{8,}", str(meta.get("model_hash", "")))
              and os.path.basename(str(meta.get("model_file", ""))) == "resnet.pt", f"/meta of {ca}: {meta}")
     return (f"bitwise at step 24 ({n} /model+/optimizer datasets, {len(bn)} BN buffers) after a kill at step "
@@ -390,29 +312,29 @@ def test_export_eval():
     Catches: another normalisation (mean/std per channel, 1/255), BN evaluated with batch statistics or other
     ranks' running statistics, names or layouts that do not load into the class, a test loss over part of the
     set or summed instead of averaged."""
-    d = pt.scratch("script-export")
+    d = ht.scratch("script-export")
     data, (_, _, xte, yte, mean, std) = dataset(d)
     m = script(new_model(), os.path.join(d, "resnet.pt"))
     run = os.path.join(d, "run")
     train(NP, run, m, data, "--max-steps", 24, "--epochs", 2, "--lr", "0.01")
-    ck = pt.ckpt(run, 24)
+    ck = ht.ckpt(run, 24)
     out = os.path.join(d, "export.pt")
-    r = fl.run([fl.tool("h5ddp-ckpt"), "export", ck, "--to", out], 120)
-    fl.check(r.rc == 0, f"export failed: {r}")
+    r = ht.run([ht.tool("h5ddp-ckpt"), "export", ck, "--to", out], 120)
+    ht.check(r.rc == 0, f"export failed: {r}")
     exported = torch.load(out)
     fresh = SmallResNet()
     fresh.load_state_dict(exported["model"], strict=True)
     py_loss, py_acc = py_eval(fresh, xte, yte, mean, std)
 
     end = events(run, "end")
-    fl.check(end and "test_loss" in end[-1] and "test_accuracy" in end[-1], f"no end record with test results: "
+    ht.check(end and "test_loss" in end[-1] and "test_accuracy" in end[-1], f"no end record with test results: "
                                                                              f"{records(run)[-3:]}")
     tr_loss, tr_acc = float(end[-1]["test_loss"]), float(end[-1]["test_accuracy"])
-    r = fl.run([fl.tool("h5ddp-ckpt"), "eval", ck, "--model-file", m, "--data", data, "--split", "test",
+    r = ht.run([ht.tool("h5ddp-ckpt"), "eval", ck, "--model-file", m, "--data", data, "--split", "test",
                 "--count", str(N_TEST)], 120)
-    fl.check(r.rc == 0, f"h5ddp-ckpt eval failed: {r}")
+    ht.check(r.rc == 0, f"h5ddp-ckpt eval failed: {r}")
     g = re.search(r"(?:images|samples) (\d+)\s+loss ([0-9.eE+-]+)\s+accuracy ([0-9.eE+-]+)", r.out)
-    fl.check(g and int(g.group(1)) == N_TEST, f"no eval result over {N_TEST} samples in {r.out!r}")
+    ht.check(g and int(g.group(1)) == N_TEST, f"no eval result over {N_TEST} samples in {r.out!r}")
     ev_loss, ev_acc = float(g.group(2)), float(g.group(3))
     print(f"test loss: PyTorch {py_loss:.9f}  h5ddp-train {tr_loss:.9f}  h5ddp-ckpt eval {ev_loss:.9f}; "
           f"accuracy {py_acc:.4f} / {tr_acc:.4f} / {ev_acc:.4f}", flush=True)
@@ -420,11 +342,11 @@ def test_export_eval():
     def rel(x, y):
         return abs(x - y) / max(abs(y), 1e-12)
 
-    fl.check(rel(tr_loss, py_loss) <= 1e-5, f"h5ddp-train's test_loss {tr_loss} vs PyTorch {py_loss}")
-    fl.check(rel(ev_loss, py_loss) <= 1e-5, f"h5ddp-ckpt eval's loss {ev_loss} vs PyTorch {py_loss}")
-    fl.check(abs(tr_acc - py_acc) <= 1.0 / N_TEST and abs(ev_acc - py_acc) <= 1.0 / N_TEST,
+    ht.check(rel(tr_loss, py_loss) <= 1e-5, f"h5ddp-train's test_loss {tr_loss} vs PyTorch {py_loss}")
+    ht.check(rel(ev_loss, py_loss) <= 1e-5, f"h5ddp-ckpt eval's loss {ev_loss} vs PyTorch {py_loss}")
+    ht.check(abs(tr_acc - py_acc) <= 1.0 / N_TEST and abs(ev_acc - py_acc) <= 1.0 / N_TEST,
              f"accuracy: PyTorch {py_acc}, h5ddp-train {tr_acc}, h5ddp-ckpt eval {ev_acc}")
-    fl.check(py_acc > 0.3, f"the model did not learn: test accuracy {py_acc} after 24 steps (chance 0.1)")
+    ht.check(py_acc > 0.3, f"the model did not learn: test accuracy {py_acc} after 24 steps (chance 0.1)")
     return f"loss {py_loss:.6f} (diffs {rel(tr_loss, py_loss):.1e}, {rel(ev_loss, py_loss):.1e}), acc {py_acc:.3f}"
 
 
@@ -443,11 +365,11 @@ def test_elastic_2_to_1():
     over batch x pixels with heavy cancellation, and its Adam moments then differ by ~1e-5 from the summation
     order alone), where only the summation order changes: every dataset
     (optimizer state included) within the tolerance tests/train/resume_elastic.sh uses for Adam, per tensor
-    ||a-b|| <= 1e-5 ||b|| (compare_checkpoints.py --norm-rtol 1e-5 --skip-rng).
+    ||a-b|| <= 1e-5 ||b|| (h5ddp_test.compare with --norm-rtol 1e-5 --skip-rng).
     Catches: an elastic resume that fails with a script model or an HDF5 data set, a data position or sample
     order that depends on the rank count, optimizer state lost or mis-sharded, a resume not logged."""
     assert NP == 2, "this case is written for 2 -> 1 ranks"
-    d = pt.scratch("script-elastic")
+    d = ht.scratch("script-elastic")
     data, _ = dataset(d)
     summary = []
     for norm in (True, False):
@@ -458,14 +380,14 @@ def test_elastic_2_to_1():
         common = ["--epochs", 2, "--no-eval"]
         train(2, e, m, data, *common, "--max-steps", 12, "--checkpoint-every-steps", 12)
         r = train(1, e, m, data, *common, "--max-steps", 20)
-        fl.check(re.search(r"resumed from .*ckpt-00000012\.h5 at step 12", r.text), f"no resume from step 12: {r}")
+        ht.check(re.search(r"resumed from .*ckpt-00000012\.h5 at step 12", r.text), f"no resume from step 12: {r}")
         res = [(x["step"], x["saved_world_size"], x["world_size"]) for x in events(e, "resume")]
-        fl.check(res == [(12, 2, 1)], f"resume records {res}, expected [(12, 2, 1)]")
+        ht.check(res == [(12, 2, 1)], f"resume records {res}, expected [(12, 2, 1)]")
         losses = [(x["step"], x["loss"]) for x in events(e, "train")]
-        fl.check([s for s, _ in losses] == list(range(1, 21)), f"train records by step {[s for s, _ in losses]}")
-        fl.check(all(isinstance(v, (int, float)) and math.isfinite(v) for _, v in losses), f"losses {losses}")
+        ht.check([s for s, _ in losses] == list(range(1, 21)), f"train records by step {[s for s, _ in losses]}")
+        ht.check(all(isinstance(v, (int, float)) and math.isfinite(v) for _, v in losses), f"losses {losses}")
         train(2, ref, m, data, *common, "--max-steps", 20)
-        a, b = pt.ckpt(e, 20), pt.ckpt(ref, 20)
+        a, b = ht.ckpt(e, 20), ht.ckpt(ref, 20)
         if norm:
             params = [n for n, _ in model.named_parameters()]
             wa, wb = model_datasets(a), model_datasets(b)
@@ -476,16 +398,16 @@ def test_elastic_2_to_1():
             total = float(np.linalg.norm(va - vb) / np.linalg.norm(vb))
             print(f"[bn] elastic 2->1 vs uninterrupted 2 ranks at step 20, parameters ||a-b||/||b||: all {total:.2e}; "
                   + ", ".join(f"{n} {v:.1e}" for n, v in per.items()), flush=True)
-            fl.check(total <= 1e-2, f"[bn] parameters of the elastic run differ from the uninterrupted run's by "
+            ht.check(total <= 1e-2, f"[bn] parameters of the elastic run differ from the uninterrupted run's by "
                                     f"{total:.3g} (relative L2 over all parameters), more than 1e-2: {per}")
-            fl.check(np.array_equal(wa["bn.num_batches_tracked"], wb["bn.num_batches_tracked"]),
+            ht.check(np.array_equal(wa["bn.num_batches_tracked"], wb["bn.num_batches_tracked"]),
                      f"[bn] num_batches_tracked {wa['bn.num_batches_tracked']} vs {wb['bn.num_batches_tracked']}")
             summary.append(f"bn: parameters within {total:.1e}")
         else:
-            cmp = pt.compare(b, a, "--skip-rng", "--norm-rtol", "1e-5")
+            cmp = ht.compare(b, a, "--skip-rng", "--norm-rtol", "1e-5")
             print(f"[nobn] elastic 2->1 vs uninterrupted 2 ranks at step 20 (--norm-rtol 1e-5): {cmp.out.strip()}",
                   flush=True)
-            fl.check(cmp.rc == 0, f"[nobn] elastic 2 -> 1 differs from the uninterrupted 2-rank run beyond "
+            ht.check(cmp.rc == 0, f"[nobn] elastic 2 -> 1 differs from the uninterrupted 2-rank run beyond "
                                   f"--norm-rtol 1e-5: {cmp}")
             summary.append("nobn: every tensor within 1e-5")
         summary[-1] += f", final loss {losses[-1][1]:.4f}"
@@ -501,7 +423,7 @@ def test_bad_inputs():
     architecture: the message names the checkpoint and this run's model; the same parameters with other code:
     the message names both model classes). The run directory is left as it was. The messages are printed for a
     reviewer."""
-    d = pt.scratch("script-bad")
+    d = ht.scratch("script-bad")
     rng = np.random.default_rng(7)
     x, y = make_samples(rng, 128)
     mean, std = channel_stats(x)
@@ -516,9 +438,9 @@ def test_bad_inputs():
         message is the output from the first line that says 'error' on (so the run's own 'data: FILE ...' and
         'model: ...' lines, which name the file and the shape anyway, do not count)."""
         r = train(NP, os.path.join(d, run_dir), model_file, data_file, *opts, expect_rc=None, timeout=BAD_LAUNCH)
-        fl.check(r.rc != 0, f"{what}: exit code 0, expected a failure: {r}")
+        ht.check(r.rc != 0, f"{what}: exit code 0, expected a failure: {r}")
         m_err = re.search(r"^.*\berror\b.*$", r.text, re.M | re.I)
-        fl.check(m_err, f"{what}: exit code {r.rc} but no line says 'error': {r}")
+        ht.check(m_err, f"{what}: exit code {r.rc} but no line says 'error': {r}")
         err = r.text[m_err.start():]
         banner = re.search(r"^-{20,}$", err, re.M)  # mpirun's report of the exit code follows
         err = err[:banner.start()] if banner else err
@@ -526,9 +448,9 @@ def test_bad_inputs():
         shown = lines if len(lines) <= 6 else lines[:3] + ["..."] + lines[-2:]
         print(f"--- {what}: exit {r.rc} after {r.seconds:.1f}s; message:\n    " + "\n    ".join(shown), flush=True)
         missing = [n for n in needles if n.lower() not in err.lower()]
-        fl.check(not missing, f"{what}: the error message does not contain {missing}: {r}")
+        ht.check(not missing, f"{what}: the error message does not contain {missing}: {r}")
         if any_of:
-            fl.check(any(n.lower() in err.lower() for n in any_of),
+            ht.check(any(n.lower() in err.lower() for n in any_of),
                      f"{what}: the error message names none of {list(any_of)}: {r}")
         report.append(f"{what}: rc {r.rc}")
         return err
@@ -565,15 +487,15 @@ def test_bad_inputs():
     other = script(OtherNet(), os.path.join(d, "other-net.pt"))
     err = bad("resume with another model", "resume-other", other, good, ["model", "ckpt-00000002.h5"],
               any_of=["OtherNet", "other-net.pt"], opts=["--max-steps", 4, "--no-eval"])
-    fl.check(committed(run, 2) and not os.path.exists(pt.ckpt(run, 4)),
+    ht.check(committed(run, 2) and not os.path.exists(ht.ckpt(run, 4)),
              f"the refused resume changed the run directory: {sorted(os.listdir(run))}")
     # docs/TRAINING.md ("Your own model and data"): the error names both models.
-    fl.check("SmallResNet" in err and "OtherNet" in err, f"the error does not name both models: {err}")
+    ht.check("SmallResNet" in err and "OtherNet" in err, f"the error does not name both models: {err}")
     # The same names and shapes with other code: only the checkpoint's model_class/model_hash can tell.
     tanh = script(TanhResNet(), os.path.join(d, "tanh-resnet.pt"))
     bad("resume with the same parameters but other code", "resume-other", tanh, good,
         ["model", "ckpt-00000002.h5", "TanhResNet", "SmallResNet"], opts=["--max-steps", 4, "--no-eval"])
-    fl.check(committed(run, 2) and not os.path.exists(pt.ckpt(run, 4)),
+    ht.check(committed(run, 2) and not os.path.exists(ht.ckpt(run, 4)),
              f"the refused resume changed the run directory: {sorted(os.listdir(run))}")
     return "; ".join(report)
 
@@ -581,4 +503,4 @@ def test_bad_inputs():
 TESTS = [test_kill_resume_bitwise, test_export_eval, test_elastic_2_to_1, test_bad_inputs]
 
 if __name__ == "__main__":
-    pt.cli(TESTS)
+    ht.cli(TESTS)

@@ -1,5 +1,5 @@
-// A small, deterministic TrainState for checkpoint tests: every dtype h5ddp stores, a scalar, an empty
-// tensor, two param groups, Adam-like state, and per-rank RNG rows. Owns the bytes its refs point to.
+// A small, deterministic TrainState for checkpoint tests: every dtype h5ddp stores, a scalar, an empty tensor, two
+// param groups, Adam-like state, and per-rank RNG rows. Owns the bytes its refs point to. (tests/support)
 #pragma once
 
 #include <cstdint>

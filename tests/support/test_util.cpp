@@ -1,24 +1,19 @@
-// Shared helpers for MPI tests: the world communicator and scratch directories every rank agrees on.
-#pragma once
+#include "h5ddp_test/test_util.hpp"
 
 #include <mpi.h>
+#include <stdlib.h>
 
 #include <cstdlib>
-#include <filesystem>
-#include <string>
-
-#include "h5ddp/mpi_comm.hpp"
+#include <memory>
 
 namespace h5ddp::test {
 
-// A communicator over MPI_COMM_WORLD shared by the tests of one binary.
-inline MpiComm& world() {
+MpiComm& world() {
   static std::unique_ptr<MpiComm> c = MpiComm::dup(MPI_COMM_WORLD);
   return *c;
 }
 
-// Collective: a fresh empty directory (same path on every rank), under $TMPDIR or /tmp.
-inline std::string scratch_dir(const std::string& tag) {
+std::string scratch_dir(const std::string& tag) {
   auto& c = world();
   std::string path;
   if (c.rank() == 0) {

@@ -1,18 +1,15 @@
-// Test helper: damage one dataset of a checkpoint in place, so that a load fails at its checksum.
-#pragma once
+#include "h5ddp_test/corrupt_dataset.hpp"
 
 #include <hdf5.h>
 
 #include <fstream>
-#include <string>
 
 #include "h5/h5.hpp"
-#include "test_util.hpp"
+#include "h5ddp_test/test_util.hpp"
 
 namespace h5ddp::test {
 
-// Collective over test::world(): rank 0 flips one byte in the middle of `dataset`'s stored data.
-inline void corrupt_dataset(const std::string& path, const std::string& dataset) {
+void corrupt_dataset(const std::string& path, const std::string& dataset) {
   if (world().rank() == 0) {
     haddr_t offset;
     hsize_t size;
