@@ -21,6 +21,7 @@ PUBLIC = {
     "error": "core", "dtype": "core", "device": "core", "mpi_env": "core", "splitmix": "core", "log": "core",
     "watchdog": "core", "format": "checkpoint", "torch_state": "torch",
     "comm": "comm", "mpi_comm": "comm", "nccl_comm": "comm",
+    "h5_layout": "h5",
     "checkpoint": "checkpoint", "train_state": "checkpoint", "policy": "checkpoint", "run_dir": "checkpoint",
     "bucketing": "ddp", "ddp": "ddp",
     "checkpointer": "torch", "sampler": "torch", "script_module": "torch", "stop_signal": "torch",

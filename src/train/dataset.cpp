@@ -8,10 +8,11 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <sstream>
 
-#include "h5/h5.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/h5_layout.hpp"
 
 namespace h5ddp {
 
@@ -86,19 +87,18 @@ class H5Dataset final : public Dataset {
   H5Dataset(std::string path, std::string split) : path_(std::move(path)), split_(std::move(split)) {}
 
   void open() {
-    h5::SilenceErrors quiet;
     if (!std::filesystem::is_regular_file(path_)) throw DataError("--data " + path_ + ": no such file");
-    if (!h5::is_hdf5_file(path_)) throw DataError("--data " + path_ + ": not an HDF5 file");
-    const hid_t raw = H5Fopen(path_.c_str(), H5F_ACC_RDONLY, h5::serial_file_access());
-    if (raw < 0) throw DataError("--data " + path_ + ": HDF5 cannot open it: " + h5::innermost_error_text());
-    h5::Handle file = h5::file(raw);
+    if (!is_hdf5_file(path_)) throw DataError("--data " + path_ + ": not an HDF5 file");
+    std::string why;
+    const std::optional<H5LayoutFile> file = H5LayoutFile::open(path_, &why);
+    if (!file) throw DataError("--data " + path_ + ": HDF5 cannot open it: " + why);
     const std::string g = "/" + split_;
-    if (!h5::exists(file, g)) throw DataError(where(g) + ": missing (docs/DATA.md)");
-    x_ = column(file, g + "/x");
-    y_ = column(file, g + "/y");
-    check_x(file);
+    if (!file->exists(g)) throw DataError(where(g) + ": missing (docs/DATA.md)");
+    x_ = column(*file, g + "/x");
+    y_ = column(*file, g + "/y");
+    check_x(*file);
     check_y();
-    if (h5::has_attr(file, "num_classes")) spec_.num_classes = h5::read_attr_int(file, "num_classes");
+    if (file->has_attribute("/", "num_classes")) spec_.num_classes = file->read_int_attribute("/", "num_classes");
     const uint64_t length = std::filesystem::file_size(path_);
     for (const Column* c : {&x_, &y_}) {
       const uint64_t end = c->offset + c->row_bytes * static_cast<uint64_t>(count_);
@@ -173,57 +173,51 @@ class H5Dataset final : public Dataset {
  private:
   std::string where(const std::string& dataset) const { return "--data " + path_ + " " + dataset; }
 
-  Column column(hid_t file, const std::string& name) const {
-    if (!h5::exists(file, name)) throw DataError(where(name) + ": missing (docs/DATA.md)");
+  Column column(const H5LayoutFile& file, const std::string& name) const {
+    if (!file.exists(name)) throw DataError(where(name) + ": missing (docs/DATA.md)");
     Column c;
     c.name = name;
-    const hid_t ds_raw = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
-    if (ds_raw < 0) throw DataError(where(name) + ": not a dataset");
-    h5::Handle ds = h5::dataset(ds_raw);
-    h5::Handle type = h5::datatype(H5Dget_type(ds));
-    const H5T_class_t cls = H5Tget_class(type);
-    c.elem_bytes = H5Tget_size(type);
-    if (H5Tget_order(type) != H5T_ORDER_LE && c.elem_bytes > 1)
+    const std::optional<H5DatasetLayout> d = file.dataset(name);
+    if (!d) throw DataError(where(name) + ": not a dataset");
+    c.elem_bytes = d->element_bytes;
+    if (d->byte_order != H5ByteOrder::kLittle && c.elem_bytes > 1)
       throw DataError(where(name) + ": big-endian data is not supported (rewrite it little-endian)");
-    if (cls == H5T_FLOAT && c.elem_bytes == 4) {
+    if (d->element_class == H5ElementClass::kFloat && c.elem_bytes == 4) {
       c.kind = Kind::kF32;
-    } else if (cls == H5T_INTEGER &&
+    } else if (d->element_class == H5ElementClass::kInteger &&
                (c.elem_bytes == 1 || c.elem_bytes == 2 || c.elem_bytes == 4 || c.elem_bytes == 8)) {
-      c.kind = c.elem_bytes == 1 && H5Tget_sign(type) == H5T_SGN_NONE ? Kind::kU8 : Kind::kInt;
-      c.is_signed = H5Tget_sign(type) != H5T_SGN_NONE;
+      c.kind = c.elem_bytes == 1 && !d->is_signed ? Kind::kU8 : Kind::kInt;
+      c.is_signed = d->is_signed;
     } else {
       throw DataError(where(name) + ": unsupported type (x: uint8 or float32; y: an integer type or float32)");
     }
-    c.dims = h5::space_shape(h5::dataspace(H5Dget_space(ds)));
+    c.dims = d->shape;
     if (c.dims.empty()) throw DataError(where(name) + ": a scalar, expected one row per sample");
-    h5::Handle dcpl = h5::plist(H5Dget_create_plist(ds));
-    if (H5Pget_layout(dcpl) != H5D_CONTIGUOUS || H5Pget_external_count(dcpl) > 0)
+    if (!d->contiguous)
       throw DataError(where(name) +
                       ": stored chunked or compressed; h5ddp reads contiguous datasets by file offset "
                       "(rewrite it: h5repack -l CONTI " +
                       path_ + " OUT.h5)");
     c.row_bytes = c.elem_bytes;
     for (size_t i = 1; i < c.dims.size(); ++i) c.row_bytes *= static_cast<uint64_t>(c.dims[i]);
-    const haddr_t offset = H5Dget_offset(ds);
-    if (offset == HADDR_UNDEF) {
+    if (!d->offset) {
       if (c.dims[0] > 0 && c.row_bytes > 0) throw DataError(where(name) + ": has no data written");
       c.offset = 0;
     } else {
-      c.offset = offset;
+      c.offset = *d->offset;
     }
     return c;
   }
 
-  void check_x(hid_t file) {
+  void check_x(const H5LayoutFile& file) {
     if (x_.kind == Kind::kInt) throw DataError(where(x_.name) + ": unsupported type (uint8 or float32)");
     if (x_.dims.size() < 2) throw DataError(where(x_.name) + ": shape [N] has no sample dimension (expected [N, ...])");
     count_ = x_.dims[0];
     if (count_ == 0) throw DataError(where(x_.name) + ": no samples");
     spec_.shape.assign(x_.dims.begin() + 1, x_.dims.end());
     const int64_t channels = spec_.shape[0];
-    h5::Handle ds = h5::dataset(H5Dopen2(file, x_.name.c_str(), H5P_DEFAULT));
-    const std::vector<float> mean = channel_attr(ds, "mean", channels, 0.0f);
-    const std::vector<float> std = channel_attr(ds, "std", channels, 1.0f);
+    const std::vector<float> mean = channel_attr(file, "mean", channels, 0.0f);
+    const std::vector<float> std = channel_attr(file, "std", channels, 1.0f);
     for (int64_t c = 0; c < channels; ++c) {
       if (!(std[c] > 0)) throw DataError(where(x_.name) + ": attribute std must be > 0");
       // The built-in path's arithmetic (data.cpp), so a converted Fashion-MNIST trains bit for bit alike.
@@ -232,23 +226,24 @@ class H5Dataset final : public Dataset {
     }
   }
 
-  std::vector<float> channel_attr(hid_t ds, const char* name, int64_t channels, float fallback) const {
+  // Attribute `name` of x: one value for every channel, or one per channel; `fallback` when there is none.
+  std::vector<float> channel_attr(const H5LayoutFile& file, const char* name, int64_t channels, float fallback) const {
     std::vector<float> v(static_cast<size_t>(channels), fallback);
-    if (!h5::has_attr(ds, name)) return v;
-    h5::Handle a = h5::attribute(H5Aopen(ds, name, H5P_DEFAULT));
-    h5::Handle type = h5::datatype(H5Aget_type(a));
-    const auto dims = h5::space_shape(h5::dataspace(H5Aget_space(a)));
-    const H5T_class_t cls = H5Tget_class(type);
-    if (cls != H5T_FLOAT && cls != H5T_INTEGER)
+    const std::optional<H5AttributeInfo> info = file.attribute(x_.name, name);
+    if (!info) return v;
+    if (info->element_class == H5ElementClass::kOther)
       throw DataError(where(x_.name) + ": attribute " + name + " is not a number");
-    int64_t n = 1;
-    for (int64_t d : dims) n *= d;
+    const std::vector<int64_t>& dims = info->shape;
+    const int64_t n = info->count();
     if (!(dims.empty() || (dims.size() == 1 && (n == 1 || n == channels))))
       throw DataError(where(x_.name) + ": attribute " + name + " has " + std::to_string(n) +
                       " values; expected 1 or one per channel (" + std::to_string(channels) + ")");
-    std::vector<float> read(static_cast<size_t>(n));
-    if (H5Aread(a, H5T_NATIVE_FLOAT, read.data()) < 0)
+    std::vector<float> read;
+    try {
+      read = file.read_float_attribute(x_.name, name);
+    } catch (const H5Error&) {
       throw DataError(where(x_.name) + ": cannot read attribute " + name);
+    }
     for (int64_t c = 0; c < channels; ++c) v[c] = read[n == 1 ? 0 : c];
     return v;
   }
@@ -345,11 +340,8 @@ std::unique_ptr<Dataset> open_h5_dataset(const std::string& path, const std::str
 }
 
 bool h5_dataset_has_split(const std::string& path, const std::string& split) {
-  h5::SilenceErrors quiet;
-  const hid_t raw = H5Fopen(path.c_str(), H5F_ACC_RDONLY, h5::serial_file_access());
-  if (raw < 0) return false;
-  h5::Handle file = h5::file(raw);
-  return h5::exists(file, "/" + split);
+  const std::optional<H5LayoutFile> file = H5LayoutFile::open(path);
+  return file && file->exists("/" + split);
 }
 
 TrainData open_train_data(const std::string& data_file, const std::string& data_dir, bool with_test) {
