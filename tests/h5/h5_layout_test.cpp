@@ -9,7 +9,7 @@
 
 #include "h5/h5.hpp"
 #include "h5ddp/error.hpp"
-#include "test_util.hpp"
+#include "h5ddp_test/test_util.hpp"
 
 using namespace h5ddp;
 
