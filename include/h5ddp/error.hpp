@@ -48,9 +48,17 @@ class ConfigError : public Error {
 class DisagreementError : public Error {
   using Error::Error;
 };  // ranks disagreed before a collective
+// A checkpoint is invalid or cannot be written. file(): the checkpoint it is about, where the raiser knows it
+// (a resume sets it on every rank to the file it refused), so callers never search the message for a path.
 class CheckpointError : public Error {
+ public:
   using Error::Error;
-};  // a checkpoint is invalid or cannot be written
+  const std::string& file() const noexcept { return file_; }
+  void set_file(const std::string& file) { file_ = file; }
+
+ private:
+  std::string file_;
+};
 // A readable checkpoint of another model or optimizer than the one to load into (missing or extra keys,
 // shapes, dtypes): resuming must not fall back to an older file, which would not match either.
 class CheckpointMismatchError : public CheckpointError {

@@ -269,6 +269,10 @@ ResumeInfo Checkpointer::load_resumed(const std::string& path) {
   try {
     snap = impl_->take();
     st = impl_->load(comm_, path, options_.load, false);
+  } catch (CheckpointError& e) {
+    if (snap) impl_->put_back(*snap);
+    if (e.file().empty()) e.set_file(path);  // the same path on every rank: the error names its file as a field
+    throw;
   } catch (...) {
     if (snap) impl_->put_back(*snap);
     throw;

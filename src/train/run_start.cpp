@@ -3,7 +3,6 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
-#include <vector>
 
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
@@ -25,20 +24,16 @@ std::map<std::string, std::string> read_checkpoint_meta(const std::string& path)
 
 // Collective. The mismatch a resume raised, with which model the refused file holds (from its /meta) and what to
 // do; thrown on every rank.
-[[noreturn]] void throw_with_model_named(const CheckpointMismatchError& e, const TrainConfig& config, Comm& comm,
-                                         const TrainModel& model) {
-  std::vector<std::string> paths = list_resume_candidates(comm, config.run_dir).paths;  // collective
-  if (config.resume != "auto") paths = {config.resume};
-  std::string holds;
-  for (const auto& p : paths)
-    if (comm.rank() == 0 && holds.empty() && std::string(e.what()).find(p) != std::string::npos)
-      holds = model_identity_difference(read_checkpoint_meta(p), model);
+[[noreturn]] void throw_with_model_named(const CheckpointMismatchError& e, Comm& comm, const TrainModel& model) {
+  std::string holds;  // e.file(): the file the resume refused, set by the Checkpointer on every rank
+  if (comm.rank() == 0 && !e.file().empty()) holds = model_identity_difference(read_checkpoint_meta(e.file()), model);
   holds = comm.broadcast_string(holds, 0);  // every rank, whatever rank 0 found
   CheckpointMismatchError more(Error::Untagged{},
                                std::string(e.what()) + "\n  " +
                                    (holds.empty() ? "this run's model: " + model.description : holds) +
                                    "; resume with the model that wrote the checkpoint (h5ddp-ckpt info FILE names "
                                    "it in /meta) or train the new model in another --run-dir");
+  more.set_file(e.file());
   if (!e.agreed()) throw more;
   throw_agreed(more);  // every rank raised it
 }
@@ -117,7 +112,7 @@ RunStart start_run(const TrainConfig& config, Checkpointer& ckpt, Comm& comm, co
     else if (config.resume != "none")
       start.info = ckpt.resume_from(config.resume);
   } catch (const CheckpointMismatchError& e) {
-    throw_with_model_named(e, config, comm, model);
+    throw_with_model_named(e, comm, model);
   }
   start.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   // A later --resume auto takes the highest step in the run dir: say which files of an older run would shadow.

@@ -255,6 +255,7 @@ TEST(Checkpointer, AnotherOptimizerOrTrackedStateIsAnErrorOnEveryRank) {
     ADD_FAILURE() << "resumed a file without the tracked state";
   } catch (const CheckpointMismatchError& e) {
     EXPECT_NE(std::string(e.what()).find("/user/extra"), std::string::npos) << e.what();
+    EXPECT_EQ(e.file(), dir + "/ckpt-00000001.h5") << "the refused file, as a field on every rank";
   }
 }
 
