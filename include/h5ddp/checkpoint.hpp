@@ -170,7 +170,9 @@ std::vector<std::string> verify_checkpoint_collective(MpiComm& comm, const std::
 // docs/FORMAT.md. Never throws for a bad file: every problem goes into the report.
 struct VerifyReport {
   bool ok = false;
-  std::vector<std::string> problems;  // each names the file and the dataset
+  std::vector<std::string> problems;  // each names the file and the dataset (and the rule of docs/FORMAT.md)
+  // What a file of a newer format revision holds that this reader does not know (ignored, not problems).
+  std::vector<std::string> notes;
 };
 VerifyReport verify_checkpoint_file(const std::string& path);
 

@@ -13,6 +13,8 @@ inline constexpr int64_t kFormatVersion = 1;
 // ---- root attributes ----
 inline constexpr const char* kAttrFormat = "format";
 inline constexpr const char* kAttrFormatVersion = "format_version";
+// Optional (absent = 0): the revision of version 1 the writer implements (docs/FORMAT.md "Unknown objects").
+inline constexpr const char* kAttrFormatMinorVersion = "format_minor_version";
 inline constexpr const char* kAttrH5ddpVersion = "h5ddp_version";
 inline constexpr const char* kAttrTorchVersion = "torch_version";
 inline constexpr const char* kAttrCreated = "created";

@@ -60,6 +60,7 @@ struct SavePlan {
   std::vector<DatasetPlan> datasets;
   std::list<std::vector<uint8_t>> storage;  // bytes of small datasets (counters, names, gathered rng rows)
   uint64_t structure_hash = 0;              // names, dtypes, shapes, attributes: must agree across ranks
+  OptimizerState optimizer;                 // the optimizer state the file holds (merged when sharded)
 };
 // Collective, for state.optimizer.sharded: every rank's share of the optimizer state merged into the full
 // logical state (groups' parameter lists and state entries in the model's order, as a replicated optimizer
@@ -193,6 +194,11 @@ h5::Handle open_checkpoint(MpiComm* comm, const std::string& path);
 // Test-only: how many files open_checkpoint has opened (H5Fopen) in this process so far; a test asserts that a
 // resume opens its checkpoint exactly once per rank.
 int checkpoint_opens();
+// Throws CheckpointError listing every problem of the file's layout against docs/FORMAT.md's rules (damage: a
+// loader refuses the file before it compares it with anything).
+void require_valid_layout(hid_t file, const std::string& path);
+// One message of several problems (each one line naming the file), or the one.
+std::string joined_problems(const std::vector<std::string>& problems);
 // Reads the manifest from an open file (collective when the file was opened collectively).
 CheckpointManifest read_manifest_from(hid_t file, const std::string& path);
 // Every dataset the manifest says the file holds (tensors, names, counters, rng), dst/src unset.
@@ -213,9 +219,6 @@ void read_rows(hid_t dset, const DatasetPlan& d, uint64_t row_begin, uint64_t ro
 // Verifies one dataset's checksum by streaming it through `buf` (grown as needed; the caller reuses it for
 // every dataset of a file: a fresh buffer per dataset costs page faults and zeroing); returns "" or the problem.
 std::string verify_dataset(hid_t file, const DatasetPlan& d, const std::string& file_path, std::vector<char>& buf);
-// Checks that the file holds no object outside docs/FORMAT.md's layout; returns the problems.
-std::vector<std::string> unexpected_objects(hid_t file, const std::vector<DatasetPlan>& expected,
-                                            const std::string& file_path);
 
 std::string shape_string(const std::vector<int64_t>& shape);
 

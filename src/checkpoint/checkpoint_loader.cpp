@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/checkpoint_rules.hpp"
 #include "checkpoint/direct_read.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
@@ -487,6 +488,23 @@ TrainState read_small_state(hid_t f, const CheckpointManifest& m, const std::str
   return loaded;
 }
 
+// Local. R1, R10, R11 on the counters read, and R8 on the Adam steps among `state_read` (the optimizer entries
+// this rank read); throws CheckpointError (damage) listing the problems.
+void check_values(const CheckpointManifest& m, const TrainState& loaded, const std::vector<TensorRef>& state_read,
+                  const std::string& path) {
+  ckpt::FileValues v;
+  v.root_step = m.step;
+  v.counters = loaded.counters;
+  v.data = loaded.data;
+  for (const auto& t : state_read) {
+    const auto slash = t.name.rfind('/');
+    if (t.name.compare(slash + 1, std::string::npos, "step") == 0 && t.dtype == DType::kI64 && t.data)
+      v.adam_steps.emplace_back(t.name.substr(0, slash), *static_cast<const int64_t*>(t.data));
+  }
+  const auto problems = ckpt::value_problems(path, v);
+  if (!problems.empty()) throw CheckpointError(ckpt::joined_problems(problems));
+}
+
 // Local. What the file says besides the tensors, into the caller's state.
 void apply_small_state(TrainState& state, TrainState&& loaded, const CheckpointManifest& m, int rank) {
   state.counters = loaded.counters;
@@ -507,15 +525,20 @@ void load_checkpoint(MpiComm& comm, const std::string& path, const LoadDestinati
   ckpt::PhaseTimer timer;
   h5::Handle f = ckpt::open_checkpoint(&comm, path);
   CheckpointManifest m;
-  comm.rethrow_first(ckpt::checkpoint_error_of([&] { m = ckpt::read_manifest_from(f, path); }));
+  TrainState loaded;
+  // Damage first (docs/FORMAT.md "Loading"): only a valid file can be another model.
+  comm.rethrow_first(ckpt::checkpoint_error_of([&] {
+    ckpt::require_valid_layout(f, path);
+    m = ckpt::read_manifest_from(f, path);
+    loaded = read_small_state(f, m, path);
+    check_values(m, loaded, {}, path);
+  }));
   TrainState& state = *agreed(comm, [&] { return &destinations(m); });
   check_destinations(comm, path, m, state);
   timer.mark("open+manifest");
 
   read_and_verify(comm, f, plan_tensors(state, m), path, options, timer);
-
-  TrainState loaded;
-  comm.rethrow_first(ckpt::checkpoint_error_of([&] { loaded = read_small_state(f, m, path); }));
+  comm.rethrow_first(ckpt::checkpoint_error_of([&] { check_values(m, loaded, state.optimizer.state, path); }));
   f.close();
   apply_small_state(state, std::move(loaded), m, comm.rank());
   timer.mark("small");

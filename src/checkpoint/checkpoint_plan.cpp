@@ -359,6 +359,7 @@ SavePlan make_save_plan(Comm& comm, const TrainState& state) {
   for (const auto& [k, v] : state.scheduler.values) desc += "sched " + k + "=" + hex_double(v) + "\n";
   for (const auto& [k, v] : state.meta) desc += "meta " + k + "=" + v + "\n";
   plan.structure_hash = hash_bytes(desc.data(), desc.size());
+  plan.optimizer = opt;
   return plan;
 }
 

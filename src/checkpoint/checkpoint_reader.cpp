@@ -8,6 +8,7 @@
 #include <map>
 
 #include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/checkpoint_rules.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
 #include "h5ddp/log.hpp"
@@ -139,6 +140,18 @@ h5::Handle open_checkpoint(MpiComm* comm, const std::string& path) {
   });
   raise(comm, error);
   return f;
+}
+
+std::string joined_problems(const std::vector<std::string>& problems) {
+  if (problems.size() == 1) return problems[0];
+  std::string out = std::to_string(problems.size()) + " problems (docs/FORMAT.md):";
+  for (const auto& p : problems) out += "\n  " + p;
+  return out;
+}
+
+void require_valid_layout(hid_t f, const std::string& path) {
+  const auto problems = rule_problems(read_facts(f, path), nullptr);
+  if (!problems.empty()) throw CheckpointError(joined_problems(problems));
 }
 
 CheckpointManifest read_manifest_from(hid_t f, const std::string& path) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/checkpoint_rules.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
 
@@ -19,36 +20,6 @@ std::string hex(uint64_t v) {
   char b[32];
   std::snprintf(b, sizeof(b), "0x%016llx", static_cast<unsigned long long>(v));
   return b;
-}
-
-struct VisitState {
-  std::vector<std::pair<std::string, H5O_type_t>> objects;
-};
-
-herr_t visit_cb(hid_t, const char* name, const H5O_info_t* info, void* data) {
-  static_cast<VisitState*>(data)->objects.emplace_back(std::string("/") + name, info->type);
-  return 0;
-}
-
-bool allowed_group(const std::string& p) {
-  static const std::set<std::string> fixed = {"/.",
-                                              "/",
-                                              format::kModelGroup,
-                                              format::kOptimizerGroup,
-                                              format::kParamGroupsGroup,
-                                              format::kOptimizerStateGroup,
-                                              format::kTrainGroup,
-                                              format::kSchedulerGroup,
-                                              format::kDataGroup,
-                                              format::kRngGroup,
-                                              format::kMetaGroup,
-                                              format::kUserGroup};
-  if (fixed.count(p)) return true;
-  auto under = [&](const std::string& g) {
-    const std::string prefix = g + "/";
-    return p.compare(0, prefix.size(), prefix) == 0 && p.find('/', prefix.size()) == std::string::npos;
-  };
-  return under(format::kParamGroupsGroup) || under(format::kOptimizerStateGroup);
 }
 
 }  // namespace
@@ -81,38 +52,56 @@ std::string verify_dataset(hid_t f, const DatasetPlan& d, const std::string& fil
   });
 }
 
-std::vector<std::string> unexpected_objects(hid_t f, const std::vector<DatasetPlan>& expected,
-                                            const std::string& file) {
-  std::set<std::string> datasets;
-  for (const auto& d : expected) datasets.insert(d.path);
-  VisitState st;
-  h5::SilenceErrors quiet;
-  H5DDP_CHECK_H5(H5Ovisit2(f, H5_INDEX_NAME, H5_ITER_INC, visit_cb, &st, H5O_INFO_BASIC));
-  std::vector<std::string> problems;
-  for (const auto& [path, type] : st.objects) {
-    const bool ok = type == H5O_TYPE_DATASET ? datasets.count(path) > 0 : type == H5O_TYPE_GROUP && allowed_group(path);
-    if (!ok) problems.push_back(file + ": unexpected object " + path + " (not in docs/FORMAT.md's layout)");
-    if (type == H5O_TYPE_DATASET && ok) {
-      h5::Handle ds = h5::dataset(H5Dopen2(f, path.c_str(), H5P_DEFAULT));
-      if (!h5::has_attr(ds, format::kAttrChecksum) || !h5::has_attr(ds, format::kAttrDtype))
-        problems.push_back(file + ": dataset " + path + " lacks its dtype or xxh3 attribute");
-    }
-  }
-  return problems;
-}
+namespace {
 
-// Structure problems (or the one error that stopped the walk) and the datasets to checksum.
-std::vector<std::string> check_structure(hid_t f, const std::string& path, std::vector<DatasetPlan>* datasets) {
+// Rule problems (or the one error that stopped the walk) and the datasets to checksum; notes: what a file of a newer
+// revision holds that this reader does not know.
+std::vector<std::string> check_structure(hid_t f, const std::string& path, std::vector<DatasetPlan>* datasets,
+                                         std::vector<std::string>* notes) {
   std::vector<std::string> problems;
   std::string e = capture_error([&] {
-    CheckpointManifest m = read_manifest_from(f, path);
-    *datasets = manifest_datasets(f, m);
-    problems = unexpected_objects(f, *datasets, path);
+    problems = rule_problems(read_facts(f, path), notes);
+    if (!problems.empty()) return;  // the manifest needs a valid layout
+    *datasets = manifest_datasets(f, read_manifest_from(f, path));
   });
   if (!e.empty()) problems.insert(problems.begin(), e);
   return problems;
 }
 
+// R1, R8, R10, R11 over the values of the file (read, checksummed); "" or the problems.
+std::vector<std::string> check_values(hid_t f, const std::vector<DatasetPlan>& datasets, const std::string& path) {
+  std::vector<std::string> problems;
+  std::string e = capture_error([&] {
+    FileValues v;
+    v.root_step = h5::read_attr_int(f, format::kAttrStep);
+    auto scalar = [&](const char* p) {
+      DatasetPlan d;
+      d.path = p;
+      d.dtype = DType::kI64;
+      int64_t x = 0;
+      h5::Handle ds = h5::dataset(H5Dopen2(f, p, H5P_DEFAULT));
+      read_rows(ds, d, 0, 1, &x, H5P_DEFAULT);
+      return x;
+    };
+    v.counters.step = scalar(format::kTrainStep);
+    v.counters.epoch = scalar(format::kTrainEpoch);
+    v.counters.samples_consumed = scalar(format::kTrainSamplesConsumed);
+    v.data.epoch = scalar(format::kDataEpoch);
+    v.data.position = scalar(format::kDataPosition);
+    v.data.global_batch = scalar(format::kDataGlobalBatch);
+    const std::string state = std::string(format::kOptimizerStateGroup) + "/";
+    for (const auto& d : datasets) {
+      const std::string entry = d.path.compare(0, state.size(), state) == 0 ? format::optimizer_state_entry(d.path) : "";
+      if (entry.size() > 5 && entry.compare(entry.size() - 5, 5, "/step") == 0)
+        v.adam_steps.emplace_back(entry.substr(0, entry.size() - 5), scalar(d.path.c_str()));
+    }
+    problems = value_problems(path, v);
+  });
+  if (!e.empty()) problems.push_back(e);
+  return problems;
+}
+
+}  // namespace
 }  // namespace ckpt
 
 VerifyReport verify_checkpoint_file(const std::string& path) {
@@ -120,12 +109,13 @@ VerifyReport verify_checkpoint_file(const std::string& path) {
   std::string e = ckpt::capture_error([&] {
     h5::Handle f = ckpt::open_checkpoint(nullptr, path);
     std::vector<ckpt::DatasetPlan> datasets;
-    report.problems = ckpt::check_structure(f, path, &datasets);
+    report.problems = ckpt::check_structure(f, path, &datasets, &report.notes);
     std::vector<char> buf;
     for (const auto& d : datasets) {
       std::string p = ckpt::verify_dataset(f, d, path, buf);
       if (!p.empty()) report.problems.push_back(p);
     }
+    if (report.problems.empty()) report.problems = ckpt::check_values(f, datasets, path);
   });
   if (!e.empty()) report.problems.push_back(e);
   report.ok = report.problems.empty();
@@ -138,7 +128,7 @@ std::vector<std::string> verify_checkpoint_collective(MpiComm& comm, const std::
   std::string e = ckpt::capture_error([&] { f = ckpt::open_checkpoint(&comm, path); });
   if (!e.empty()) return {e};  // open_checkpoint agrees on its errors: every rank is here
   std::vector<ckpt::DatasetPlan> datasets;
-  problems = ckpt::check_structure(f, path, &datasets);  // collective metadata: same answer on every rank
+  problems = ckpt::check_structure(f, path, &datasets, nullptr);  // collective metadata: same answer on every rank
   const auto owner = ckpt::assign_whole_datasets(datasets, comm.size());
   std::string mine;
   std::vector<char> buf;
@@ -155,6 +145,7 @@ std::vector<std::string> verify_checkpoint_collective(MpiComm& comm, const std::
       pos = nl + 1;
     }
   }
+  if (problems.empty()) problems = ckpt::check_values(f, datasets, path);  // small reads, same values everywhere
   f.close();
   return problems;
 }

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/checkpoint_rules.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
 #include "h5ddp/log.hpp"
@@ -113,6 +114,7 @@ void collect_checksums(Comm& comm, ckpt::SavePlan& plan, const std::vector<int>&
 void write_root_attributes(hid_t f, const TrainState& state, int world) {
   h5::write_attr(f, format::kAttrFormat, std::string(format::kFormatName));
   h5::write_attr(f, format::kAttrFormatVersion, static_cast<int64_t>(format::kFormatVersion));
+  h5::write_attr(f, format::kAttrFormatMinorVersion, ckpt::kFormatMinorVersion);
   h5::write_attr(f, format::kAttrH5ddpVersion, std::string(H5DDP_VERSION_STRING));
   auto tv = state.meta.find("torch_version");
   h5::write_attr(f, format::kAttrTorchVersion, tv == state.meta.end() ? std::string("unknown") : tv->second);
@@ -251,6 +253,25 @@ void check_space(SaveJob& job) {
   job.comm.rethrow_first(ckpt::checkpoint_error(space_error));
 }
 
+// docs/FORMAT.md's rules on the file this job would write ("" or why it is refused): a writer writes only valid
+// files. Each rank checks the Adam steps it holds (all of them unless the optimizer state is sharded).
+std::string state_problems(const SaveJob& job) {
+  auto problems = ckpt::rule_problems(ckpt::facts_of_plan(job.plan, job.state, job.world, job.final_path), nullptr);
+  ckpt::FileValues v;
+  v.root_step = job.state.counters.step;
+  v.counters = job.state.counters;
+  v.data = job.state.data;
+  for (const auto& t : job.plan.optimizer.state) {
+    const auto slash = t.name.rfind('/');
+    if (t.name.compare(slash + 1, std::string::npos, "step") == 0 && t.dtype == DType::kI64 && t.data)
+      v.adam_steps.emplace_back(t.name.substr(0, slash), *static_cast<const int64_t*>(t.data));
+  }
+  for (auto& p : ckpt::value_problems(job.final_path, v)) problems.push_back(std::move(p));
+  if (problems.empty()) return "";
+  return "refusing to write " + job.final_path + ": the file would not be a valid checkpoint:\n  " +
+         ckpt::joined_problems(problems);
+}
+
 // Phase "plan" (collective, nothing on disk yet): agree on the step and the plan, start hashing the tensors,
 // check the run directory and the free space.
 void plan_save(SaveJob& job) {
@@ -273,6 +294,7 @@ void plan_save(SaveJob& job) {
   job.timer.mark("plan+agree");
 
   name_files(job);
+  job.comm.rethrow_first(ckpt::checkpoint_error(state_problems(job)));
   job.comm.rethrow_first(
       ckpt::checkpoint_error(job.rank == 0 && !std::filesystem::is_directory(job.run_dir)
                                  ? "run directory '" + job.run_dir + "' does not exist or is not a directory"

@@ -170,11 +170,12 @@ struct Checkpointer::Impl {
     TorchStateBinding* b = &binding;
     bool prepared = false;  // errors from then on name the file being loaded ("while loading <path>")
     auto destinations = [&](const CheckpointManifest& manifest) -> TrainState& {
+      // Another optimizer makes it another model's file (docs/FORMAT.md "Loading"): no fallback to older files.
       if (!weights_only && manifest.optimizer_type != type)
-        comm.raise_if_any(
+        comm.rethrow_first(std::make_exception_ptr(CheckpointMismatchError(
             "checkpoint " + path + " holds optimizer state of type " +
             (manifest.optimizer_type.empty() ? std::string("none (a weights-only file)") : manifest.optimizer_type) +
-            "; this run's optimizer is of type " + type);
+            "; this run's optimizer is of type " + type)));
       std::vector<TensorRef> entries;
       for (const auto& t : manifest.optimizer_state) entries.push_back(TensorRef{t.name, t.dtype, t.shape, nullptr});
       if (weights_only) b = scratch_destinations(manifest, st, scratch);

@@ -14,6 +14,7 @@ int run_verify(const Args& args) {
   int bad = 0;
   for (const auto& path : args) {
     const VerifyReport r = verify_checkpoint_file(path);
+    for (const auto& n : r.notes) std::printf("note    %s\n", n.c_str());
     if (r.ok) {
       std::printf("OK      %s\n", path.c_str());
       continue;

@@ -1,0 +1,201 @@
+// What a checkpoint holds, for the rules of checkpoint_rules.cpp: read from a file in one walk of its objects
+// and attributes (read_facts), or foreseen from the state a save is about to write (facts_of_plan).
+#include <cstring>
+
+#include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/checkpoint_rules.hpp"
+#include "h5/h5.hpp"
+#include "h5ddp/error.hpp"
+#include "h5ddp/format.hpp"
+
+namespace h5ddp::ckpt {
+namespace {
+
+using AK = AttrFact::Kind;
+
+bool is_le_integer(hid_t t, size_t size, H5T_sign_t sign) {
+  return H5Tget_class(t) == H5T_INTEGER && H5Tget_size(t) == size && H5Tget_sign(t) == sign &&
+         H5Tget_order(t) == H5T_ORDER_LE;
+}
+
+// A scalar (one-element) attribute of kind string, int64, uint64 or float64, with its value; kOther otherwise.
+AttrFact read_attr_fact(hid_t loc, const char* name) {
+  AttrFact a;
+  h5::Handle attr = h5::attribute(H5Aopen(loc, name, H5P_DEFAULT));
+  h5::Handle t = h5::datatype(H5Aget_type(attr));
+  h5::Handle s = h5::dataspace(H5Aget_space(attr));
+  if (H5Sget_simple_extent_npoints(s) != 1) return a;
+  if (H5Tget_class(t) == H5T_STRING) {
+    a.kind = AK::kString;
+    a.text = h5::read_attr_string(loc, name);
+  } else if (is_le_integer(t, 8, H5T_SGN_2)) {
+    a.kind = AK::kInt64;
+    H5DDP_CHECK_H5(H5Aread(attr, H5T_NATIVE_INT64, &a.i));
+  } else if (is_le_integer(t, 8, H5T_SGN_NONE)) {
+    a.kind = AK::kUint64;
+    H5DDP_CHECK_H5(H5Aread(attr, H5T_NATIVE_UINT64, &a.u));
+  } else if (H5Tget_class(t) == H5T_FLOAT && H5Tget_size(t) == 8 && H5Tget_order(t) == H5T_ORDER_LE) {
+    a.kind = AK::kFloat64;
+    H5DDP_CHECK_H5(H5Aread(attr, H5T_NATIVE_DOUBLE, &a.d));
+  }
+  return a;
+}
+
+herr_t attr_cb(hid_t loc, const char* name, const H5A_info_t*, void* data) {
+  auto* o = static_cast<ObjectFact*>(data);
+  o->attrs[name] = read_attr_fact(loc, name);
+  return 0;
+}
+
+// Whether `t` is a strings dataset's type: fixed-length, NUL-padded, ASCII or UTF-8.
+bool is_names_type(hid_t t) {
+  if (H5Tget_class(t) != H5T_STRING || H5Tis_variable_str(t) > 0 || H5Tget_size(t) < 1) return false;
+  const H5T_cset_t cset = H5Tget_cset(t);
+  return H5Tget_strpad(t) == H5T_STR_NULLPAD && (cset == H5T_CSET_ASCII || cset == H5T_CSET_UTF8);
+}
+
+std::vector<std::string> read_names(hid_t ds, hid_t t, size_t n) {
+  const size_t w = H5Tget_size(t);
+  std::vector<char> buf(n * w);
+  if (!buf.empty()) H5DDP_CHECK_H5(H5Dread(ds, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()));
+  std::vector<std::string> out;
+  for (size_t i = 0; i < n; ++i) {
+    const char* e = buf.data() + i * w;
+    out.emplace_back(e, strnlen(e, w));
+  }
+  return out;
+}
+
+// Shape and type of a dataset; the elements of a strings dataset named "params".
+void dataset_facts(hid_t ds, const std::string& path, ObjectFact& o) {
+  h5::Handle space = h5::dataspace(H5Dget_space(ds));
+  o.shape = h5::space_shape(space);
+  h5::Handle t = h5::datatype(H5Dget_type(ds));
+  const std::string dtype = o.dtype();
+  if (dtype == "string") {
+    o.type_matches = is_names_type(t);
+    if (o.type_matches && o.shape.size() == 1 && path.size() > 7 && path.compare(path.size() - 7, 7, "/params") == 0)
+      o.strings = read_names(ds, t, static_cast<size_t>(o.shape[0]));
+    return;
+  }
+  try {
+    h5::Handle want = h5::file_type(dtype_from_name(dtype));
+    o.type_matches = H5Tequal(t, want) > 0;
+  } catch (const Error&) {
+    o.type_matches = false;  // an unknown dtype name: the rules report it
+  }
+}
+
+struct Walk {
+  FileFacts* facts;
+  std::string error;
+};
+
+herr_t visit_cb(hid_t root, const char* name, const H5O_info_t* info, void* data) {
+  auto* w = static_cast<Walk*>(data);
+  const std::string path = std::string(name) == "." ? "/" : "/" + std::string(name);
+  ObjectFact& o = w->facts->objects[path];
+  o.kind = info->type == H5O_TYPE_GROUP     ? ObjectFact::Kind::kGroup
+           : info->type == H5O_TYPE_DATASET ? ObjectFact::Kind::kDataset
+                                            : ObjectFact::Kind::kOther;
+  w->error = capture_error([&] {
+    with_context("reading " + path, [&] {
+      h5::Handle obj(H5Oopen(root, name, H5P_DEFAULT), H5Oclose);
+      H5DDP_CHECK_H5(obj.get());
+      hsize_t idx = 0;
+      H5DDP_CHECK_H5(H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, &idx, attr_cb, &o));
+      if (o.kind == ObjectFact::Kind::kDataset) dataset_facts(obj, path, o);
+    });
+  });
+  return w->error.empty() ? 0 : -1;
+}
+
+AttrFact text_attr(const std::string& v) {
+  AttrFact a;
+  a.kind = AK::kString;
+  a.text = v;
+  return a;
+}
+AttrFact int_attr(int64_t v) {
+  AttrFact a;
+  a.kind = AK::kInt64;
+  a.i = v;
+  return a;
+}
+AttrFact float_attr(double v) {
+  AttrFact a;
+  a.kind = AK::kFloat64;
+  a.d = v;
+  return a;
+}
+
+ObjectFact group_fact() {
+  ObjectFact o;
+  o.kind = ObjectFact::Kind::kGroup;
+  return o;
+}
+
+// A planned dataset as a reader will find it (attributes dtype and xxh3, its shape, the HDF5 type its dtype names).
+ObjectFact planned_dataset(const DatasetPlan& d) {
+  ObjectFact o;
+  o.kind = ObjectFact::Kind::kDataset;
+  o.attrs[format::kAttrDtype] = text_attr(d.string_size ? "string" : dtype_name(d.dtype));
+  o.attrs[format::kAttrChecksum].kind = AK::kUint64;
+  o.shape = d.shape;
+  o.type_matches = true;
+  if (d.string_size && d.src)
+    for (int64_t i = 0; i < d.shape.at(0); ++i) {
+      const char* e = static_cast<const char*>(d.src) + i * d.string_size;
+      o.strings.emplace_back(e, strnlen(e, d.string_size));
+    }
+  return o;
+}
+
+}  // namespace
+
+FileFacts facts_of_plan(const SavePlan& plan, const TrainState& state, int world, const std::string& path) {
+  FileFacts f;
+  f.path = path;
+  ObjectFact& root = f.objects["/"] = group_fact();
+  root.attrs[format::kAttrFormat] = text_attr(format::kFormatName);
+  root.attrs[format::kAttrFormatVersion] = int_attr(format::kFormatVersion);
+  root.attrs[format::kAttrFormatMinorVersion] = int_attr(kFormatMinorVersion);
+  for (const char* a : {format::kAttrH5ddpVersion, format::kAttrTorchVersion, format::kAttrCreated})
+    root.attrs[a] = text_attr("");
+  root.attrs[format::kAttrWorldSize] = int_attr(world);
+  root.attrs[format::kAttrStep] = int_attr(state.counters.step);
+  for (const char* g : {format::kModelGroup, format::kOptimizerGroup, format::kParamGroupsGroup,
+                        format::kOptimizerStateGroup, format::kTrainGroup, format::kDataGroup, format::kRngGroup})
+    f.objects[g] = group_fact();
+  if (!state.user.empty()) f.objects[format::kUserGroup] = group_fact();
+  const OptimizerState& opt = plan.optimizer;
+  f.objects[format::kOptimizerGroup].attrs[format::kAttrOptimizerType] = text_attr(opt.type);
+  for (size_t i = 0; i < opt.groups.size(); ++i) {
+    ObjectFact& g = f.objects[format::param_group_path(i)] = group_fact();
+    for (const auto& [k, v] : opt.groups[i].hyper) g.attrs[k] = float_attr(v);
+  }
+  for (const auto& t : opt.state) {
+    const std::string ds = format::optimizer_state_dataset(t.name);
+    f.objects[ds.substr(0, ds.rfind('/'))] = group_fact();
+  }
+  ObjectFact& sched = f.objects[format::kSchedulerGroup] = group_fact();
+  sched.attrs[format::kAttrSchedulerType] = text_attr(state.scheduler.type);
+  for (const auto& [k, v] : state.scheduler.values) sched.attrs[k] = float_attr(v);
+  ObjectFact& meta = f.objects[format::kMetaGroup] = group_fact();
+  for (const auto& [k, v] : state.meta) meta.attrs[k] = text_attr(v);
+  for (const auto& d : plan.datasets) f.objects[d.path] = planned_dataset(d);
+  return f;
+}
+
+FileFacts read_facts(hid_t file, const std::string& path) {
+  FileFacts facts;
+  facts.path = path;
+  Walk w{&facts, ""};
+  h5::SilenceErrors quiet;
+  const herr_t rc = H5Ovisit2(file, H5_INDEX_NAME, H5_ITER_INC, visit_cb, &w, H5O_INFO_BASIC);
+  if (!w.error.empty()) throw CheckpointError(path + ": " + w.error);
+  if (rc < 0) throw CheckpointError(path + ": cannot list its objects, damaged (HDF5: " + h5::innermost_error_text() + ")");
+  return facts;
+}
+
+}  // namespace h5ddp::ckpt

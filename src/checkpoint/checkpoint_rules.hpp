@@ -1,0 +1,75 @@
+// docs/FORMAT.md's definition of a valid file, in one place: what a file holds (FileFacts, read in one walk of
+// its objects and attributes), the rules over those facts (pure), and the rules over the values a reader reads
+// (counters, Adam steps). h5ddp-ckpt verify, load_checkpoint and save_checkpoint (on the state it is about to
+// write) all decide with these functions, so a file verifies exactly when it loads.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "h5ddp/train_state.hpp"
+
+namespace h5ddp::ckpt {
+
+// The revision of docs/FORMAT.md this reader and writer implement (root attribute format_minor_version).
+inline constexpr int64_t kFormatMinorVersion = 1;
+
+// An attribute as the rules see it: its kind (only scalar string, int64, uint64 and float64 have one) and value.
+struct AttrFact {
+  enum class Kind { kString, kInt64, kUint64, kFloat64, kOther };
+  Kind kind = Kind::kOther;
+  std::string text;  // kString
+  int64_t i = 0;     // kInt64
+  uint64_t u = 0;    // kUint64
+  double d = 0;      // kFloat64
+};
+
+// One object of the file (a group or a dataset) with its attributes.
+struct ObjectFact {
+  enum class Kind { kGroup, kDataset, kOther };
+  Kind kind = Kind::kOther;
+  std::map<std::string, AttrFact> attrs;
+  // Datasets: the shape, and whether the HDF5 type is the one the dtype attribute names (FORMAT.md "Dtypes";
+  // for `string`, a fixed-length NUL-padded ASCII/UTF-8 string type).
+  std::vector<int64_t> shape;
+  bool type_matches = false;
+  std::vector<std::string> strings;  // a strings dataset of the right type: its elements
+  std::string dtype() const;         // the dtype attribute's text, "" when absent or not a string
+};
+
+struct FileFacts {
+  std::string path;                            // the file, as named to the reader
+  std::map<std::string, ObjectFact> objects;  // every object by absolute path ("/" for the root group)
+  const ObjectFact* find(const std::string& object_path) const;
+};
+
+// Reads the facts of an open file: one walk of every object and attribute, metadata only (collective when the
+// file was opened collectively). Throws only when HDF5 cannot read the file's metadata at all.
+FileFacts read_facts(hid_t file, const std::string& path);
+
+// Pure. Every problem of the facts against FORMAT.md (required objects and attributes, types, R2-R7, R9, R12-R17),
+// one line each naming the file, the rule and the object; objects or attributes this reader does not know in a file
+// of a newer revision go to `notes` (may be null) instead.
+std::vector<std::string> rule_problems(const FileFacts& facts, std::vector<std::string>* notes);
+
+// The values the rules R1, R8, R10 and R11 relate (read with the tensors and counters).
+struct FileValues {
+  int64_t root_step = 0;  // root attribute step
+  Counters counters;
+  DataState data;
+  std::vector<std::pair<std::string, int64_t>> adam_steps;  // (parameter name, step) of the entries read
+};
+// Pure. The problems of those values, one line each naming the file, the rule and the dataset.
+std::vector<std::string> value_problems(const std::string& path, const FileValues& values);
+
+struct SavePlan;
+// The facts the file of a save plan will have (no I/O): save_checkpoint refuses a state whose file would not be
+// valid, before it writes anything. `path`: the file's final name (R2).
+FileFacts facts_of_plan(const SavePlan& plan, const TrainState& state, int world, const std::string& path);
+
+}  // namespace h5ddp::ckpt
