@@ -8,6 +8,7 @@ docs/FORMAT.md's layout and with its commit protocol:
   commit    close, fsync on every rank, rename (the commit point), fsync dir, latest.tmp + fsync + rename
             to latest + fsync dir, retention
 """
+import math
 import os
 import sys
 import time
@@ -24,7 +25,7 @@ from .comm import get_comm
 from .commit import apply_retention, fsync_path, write_latest
 from .errors import CheckpointError, DisagreementError
 from .sampler import DataState
-from .state import model_tensors, optimizer_entries, rng_states, to_numpy
+from .state import model_tensors, optimizer_entries, rng_states, to_numpy, user_tensor
 
 # Largest single write (as the C++ writer: MPI-IO counts are ints).
 MAX_TRANSFER_BYTES = 1 << 30
@@ -92,7 +93,70 @@ def _strings(path, names):
     return _Item(path, np.array(encoded, dtype=f"S{width}"), "string", False)
 
 
-def _local_items(model, optimizer, step, epoch, samples_consumed, data, user):
+def _counter_breaks(step, epoch, samples_consumed, data, scheduler, name):
+    """What in the counters, the data position, the schedule or the file name would break a rule of
+    docs/FORMAT.md (R2, R10, R11, R12), as texts."""
+    out = []
+    counters = {"step": step, "epoch": epoch, "samples_consumed": samples_consumed, "data.epoch": data.epoch,
+                "data.position": data.position, "data.global_batch": data.global_batch}
+    out += [f"R10: {k} is {v}, must be >= 0" for k, v in counters.items() if v < 0]
+    if data.position > samples_consumed:
+        out.append(f"R10: data.position {data.position} exceeds samples_consumed {samples_consumed}")
+    if epoch != data.epoch:
+        out.append(f"R11: epoch {epoch} differs from data.epoch {data.epoch} (/train/epoch must equal /data/epoch)")
+    if not 0 <= data.seed < 1 << 64:
+        out.append(f"data.seed {data.seed} is not a uint64")
+    named = fmt.checkpoint_step_from_name(name)
+    if named >= 0 and named != step:
+        out.append(f"R2: the file name {name} says step {named}, the step is {step}")
+    kind = scheduler.get("type", "none")
+    if not isinstance(kind, str):
+        out.append(f"R12: the scheduler type {kind!r} is not a string")
+    out += [f"R12: schedule {kind} needs {k}" for k in fmt.SCHEDULE_REQUIRED.get(kind, ()) if k not in scheduler]
+    for k, v in scheduler.items():
+        if k != "type" and (isinstance(v, (str, bytes)) or not _is_number(v)):
+            out.append(f"R12: scheduler value {k}={v!r} is not a number (stored as float64)")
+    return out
+
+
+def _is_number(v):
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _optimizer_breaks(model, kind, groups, state, step):
+    """What in the optimizer's groups and state would break R6, R7, R8 or R9, as texts."""
+    out = [f"R9: param group {i} {k} is {v}, must be finite" for i, (hyper, _) in enumerate(groups)
+           for k, v in hyper.items() if not math.isfinite(v)]
+    params = dict(model_tensors(model))
+    amsgrad = {n: hyper.get("amsgrad") == 1.0 for hyper, names in groups for n in names}
+    keys = {}
+    for pname, key, t in state:
+        keys.setdefault(pname, []).append(key)
+        p = params.get(pname)
+        if key == fmt.STEP_STATE_KEY and not 0 <= int(t) <= step:
+            out.append(f"R8: the optimizer's step of {pname} is {int(t)}, must be in [0, step {step}]")
+        elif key in fmt.FLOAT_STATE_KEYS and p is not None and (t.shape != p.shape or t.dtype != p.dtype):
+            out.append(f"R7: the optimizer's {key} of {pname} is {t.dtype} {list(t.shape)}, the parameter "
+                       f"{p.dtype} {list(p.shape)}")
+    for pname, have in keys.items():
+        need = fmt.required_state_keys(kind, amsgrad.get(pname, False))
+        if sorted(have) != sorted(need):
+            out.append(f"R6: the optimizer's state of {pname} holds {', '.join(have)}, {kind} needs {', '.join(need)}")
+    return out
+
+
+def _local_items(model, optimizer, step, epoch, samples_consumed, data, user, scheduler, name):
+    """The datasets this rank would write, (optimizer type, groups, items); raises CheckpointError, before
+    anything is written, when the state would break a rule of docs/FORMAT.md."""
+    kind, groups, state = optimizer_entries(model, optimizer) if optimizer is not None else ("", [], [])
+    breaks = _counter_breaks(step, epoch, samples_consumed, data, scheduler, name)
+    breaks += _optimizer_breaks(model, kind, groups, state, step)
+    if breaks:
+        raise CheckpointError(f"refusing to save step {step}, docs/FORMAT.md forbids it: " + "; ".join(breaks))
     items, seen = [], set()
 
     def add(item):
@@ -103,12 +167,11 @@ def _local_items(model, optimizer, step, epoch, samples_consumed, data, user):
 
     for key, t in model_tensors(model):
         add(_Item(fmt.model_dataset(key), to_numpy(t, key), _dtype(t, key), True))
-    kind, groups, state = optimizer_entries(model, optimizer) if optimizer is not None else ("", [], [])
     for pname, key, t in state:
         add(_Item(fmt.optimizer_state_dataset(pname, key), to_numpy(t, f"{pname}/{key}"),
                   _dtype(t, f"{pname}/{key}"), True))
     for key, t in (user or {}).items():
-        t = t if torch.is_tensor(t) else torch.tensor(t)
+        t = user_tensor(t)
         add(_Item(fmt.user_dataset(key), to_numpy(t, key), _dtype(t, key), True))
     for i, (_, names) in enumerate(groups):
         if names:
@@ -214,6 +277,7 @@ def _create_structure(f, items, kind, groups, scheduler, meta, world, step, crea
 
     f.attrs[fmt.ATTR_FORMAT] = fmt.FORMAT_NAME
     f.attrs[fmt.ATTR_FORMAT_VERSION] = np.int64(fmt.FORMAT_VERSION)
+    f.attrs[fmt.ATTR_FORMAT_MINOR_VERSION] = np.int64(fmt.FORMAT_MINOR_VERSION)
     f.attrs[fmt.ATTR_H5DDP_VERSION] = str(__version__)
     f.attrs[fmt.ATTR_TORCH_VERSION] = str(meta.get("torch_version", "unknown"))
     f.attrs[fmt.ATTR_CREATED] = str(created)
@@ -266,7 +330,10 @@ def save(run_dir, model, optimizer=None, *, step, data=None, epoch=None, samples
     data: a DataState (sampler seed, epoch, position in global samples, global batch); epoch and
     samples_consumed default to data.epoch and step * data.global_batch. scheduler: {"type": str, name: float}.
     meta: {str: str} (stored under /meta). run_dir is created if missing. user: {name: tensor or number} (stored under /user).
-    fsync=False skips every fsync (faster, not crash-safe). Returns a SaveResult on every rank."""
+    fsync=False skips every fsync (faster, not crash-safe). Returns a SaveResult on every rank.
+    A state that would break a rule of docs/FORMAT.md (epoch != data.epoch, data.position > samples_consumed, a
+    negative counter, a name ckpt-<digits>.h5 of another step, an optimizer step beyond `step`, maximize=True, a
+    non-finite hyperparameter, ...) raises CheckpointError on every rank before anything is written."""
     t0 = time.perf_counter()
     phases = {}
     comm = get_comm(comm)
@@ -283,7 +350,11 @@ def save(run_dir, model, optimizer=None, *, step, data=None, epoch=None, samples
     if len(set(steps)) != 1:
         raise DisagreementError("ranks disagree on the checkpoint step: " +
                                 ", ".join(f"rank {r}={s}" for r, s in enumerate(steps)))
-    planned, err = _capture(lambda: _local_items(model, optimizer, step, epoch, samples_consumed, data, user))
+    name = name or fmt.checkpoint_file_name(step)
+    if not name.endswith(fmt.CHECKPOINT_SUFFIX):
+        name += fmt.CHECKPOINT_SUFFIX
+    planned, err = _capture(lambda: _local_items(model, optimizer, step, epoch, samples_consumed, data, user,
+                                                 scheduler, name))
     comm.raise_if_any(err)
     kind, groups, items = planned
     if kind:
@@ -296,9 +367,6 @@ def save(run_dir, model, optimizer=None, *, step, data=None, epoch=None, samples
         pieces[i] += 1
     phases["plan"] = time.perf_counter() - t0
 
-    name = name or fmt.checkpoint_file_name(step)
-    if not name.endswith(fmt.CHECKPOINT_SUFFIX):
-        name += fmt.CHECKPOINT_SUFFIX
     final_path = os.path.join(run_dir, name)
     partial_path = final_path + fmt.PARTIAL_SUFFIX
     def make_run_dir():
