@@ -215,8 +215,9 @@ def load(path, model, optimizer=None, *, comm=None, rng=True, weights_only=False
 def resume(run_dir, model, optimizer=None, *, comm=None, rng=True, user=None):
     """Collective. Loads the newest valid checkpoint of `run_dir` (the highest step that loads; a file `latest`
     names without a step first): a damaged one (any problem docs/FORMAT.md's rules or the checksums find) is
-    skipped with a warning naming what was wrong and the next older one is tried. `user` as for load. Returns its LoadResult, or None (nothing touched) when there is none. A checkpoint of another
-    model or optimizer raises CheckpointMismatchError: an older file of the same run would not fit either."""
+    skipped with a warning naming what was wrong and the next older one is tried. `user` as for load. Returns
+    its LoadResult, or None (nothing touched) when there is none. A checkpoint of another model or optimizer
+    raises CheckpointMismatchError: an older file of the same run would not fit either."""
     comm = get_comm(comm)
     candidates = comm.bcast(resume_candidates(run_dir, _warn) if comm.rank == 0 else None)
     skipped = []
