@@ -209,7 +209,7 @@ class _Check:
             else:
                 self.strings(ds, dpath)
         elif ds.dtype != fmt.NUMPY_DTYPES[name]:
-            self.problem(f"{dpath} has HDF5 type {type_name(ds.dtype)}, its dtype {name} requires "
+            self.problem(f"{dpath} has HDF5 type {type_name(ds.dtype)}, but its dtype {name} is stored as "
                          f"{type_name(fmt.NUMPY_DTYPES[name])}", 13)
         return name
 
@@ -314,12 +314,12 @@ class _Check:
         return (hyper["amsgrad"] == 1.0 if "amsgrad" in hyper else None), names
 
     def hyperparameters(self, g, gpath, kind):
-        """R9: exactly the type's hyperparameters, each float64 and finite, nesterov/amsgrad 0.0 or 1.0. Returns
-        {name: value} of the valid ones."""
+        """R9: exactly the type's hyperparameters, each float64 and finite, nesterov/amsgrad 0.0 or 1.0 (another
+        type's hyperparameter breaks R9 in any revision). Returns {name: value} of the valid ones."""
         want = fmt.HYPER_KEYS.get(kind, ()) if kind else ()
         for name in g.attrs:
-            if name not in fmt.ALL_HYPER_KEYS:
-                self.unknown(f"attribute {attr_path(gpath, name)}", 9)
+            if name not in fmt.ALL_HYPER_KEYS:  # a name no type has: unknown (R14), ignored in a newer revision
+                self.unknown(f"attribute {attr_path(gpath, name)}")
             elif kind and name not in want:
                 self.problem(f"{attr_path(gpath, name)} is not a hyperparameter of {kind} "
                              f"({', '.join(want)})", 9)
@@ -374,7 +374,7 @@ class _Check:
         have = {}
         for key, obj in self.children(g, gpath).items():
             d = f"{gpath}/{key}"
-            if key not in fmt.ALL_STATE_KEYS:
+            if key not in fmt.ALL_STATE_KEYS:  # a name no type has: R6, ignored in a newer revision
                 self.unknown(f"object {d}", 6)
             elif not isinstance(obj, h5py.Dataset):
                 self.problem(f"{d} has type {_kind_name(obj)}, FORMAT.md requires dataset")
