@@ -6,10 +6,14 @@ import numpy as np
 
 FORMAT_NAME = "h5ddp-checkpoint"
 FORMAT_VERSION = 1
+# The revision of version 1 this package implements (docs/FORMAT.md "Versioning"): written by the writer as
+# format_minor_version; a file of a newer revision may hold objects this reader does not know (ignored, noted).
+FORMAT_MINOR_VERSION = 1
 
 # root attributes
 ATTR_FORMAT = "format"
 ATTR_FORMAT_VERSION = "format_version"
+ATTR_FORMAT_MINOR_VERSION = "format_minor_version"
 ATTR_H5DDP_VERSION = "h5ddp_version"
 ATTR_TORCH_VERSION = "torch_version"
 ATTR_CREATED = "created"
@@ -17,10 +21,16 @@ ATTR_WORLD_SIZE = "world_size"
 ATTR_STEP = "step"
 ROOT_ATTRS = (ATTR_FORMAT, ATTR_FORMAT_VERSION, ATTR_H5DDP_VERSION, ATTR_TORCH_VERSION, ATTR_CREATED,
               ATTR_WORLD_SIZE, ATTR_STEP)
+# Table "Root attributes": name -> (type, required).
+ROOT_ATTR_TYPES = {ATTR_FORMAT: ("string", True), ATTR_FORMAT_VERSION: ("int64", True),
+                   ATTR_FORMAT_MINOR_VERSION: ("int64", False), ATTR_H5DDP_VERSION: ("string", True),
+                   ATTR_TORCH_VERSION: ("string", True), ATTR_CREATED: ("string", True),
+                   ATTR_WORLD_SIZE: ("int64", True), ATTR_STEP: ("int64", True)}
 
-# attributes of every dataset
+# attributes of every dataset (exactly these two, R14)
 ATTR_DTYPE = "dtype"
 ATTR_CHECKSUM = "xxh3"
+DATASET_ATTR_TYPES = {ATTR_DTYPE: "string", ATTR_CHECKSUM: "uint64"}
 
 # groups and datasets
 MODEL_GROUP = "/model"
@@ -49,18 +59,38 @@ USER_GROUP = "/user"
 # The fixed scalar datasets and their dtypes.
 SCALARS = {TRAIN_STEP: "int64", TRAIN_EPOCH: "int64", TRAIN_SAMPLES_CONSUMED: "int64", DATA_SEED: "uint64",
            DATA_EPOCH: "int64", DATA_POSITION: "int64", DATA_GLOBAL_BATCH: "int64"}
+# The counters of R10 (each >= 0; /data/position <= /train/samples_consumed).
+COUNTERS = (TRAIN_STEP, TRAIN_EPOCH, TRAIN_SAMPLES_CONSUMED, DATA_EPOCH, DATA_POSITION, DATA_GLOBAL_BATCH)
 # Groups a file may hold besides the per-parameter ones below /optimizer/param_groups and /optimizer/state.
 FIXED_GROUPS = ("/", MODEL_GROUP, OPTIMIZER_GROUP, PARAM_GROUPS_GROUP, OPTIMIZER_STATE_GROUP, TRAIN_GROUP,
                 SCHEDULER_GROUP, DATA_GROUP, RNG_GROUP, META_GROUP, USER_GROUP)
 
+# Table "Optimizers".
 OPTIMIZER_TYPES = ("", "sgd", "adam", "adamw")
 # Per-parameter state keys of each optimizer type (PyTorch's names), in the order the writers list them.
 STATE_KEYS = {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step"),
               "adamw": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step")}
-# Hyperparameters each type stores per param group (float64 attributes), as the C++ writer does.
+AMSGRAD_STATE_KEY = "max_exp_avg_sq"   # present exactly when the group's amsgrad is 1
+STEP_STATE_KEY = "step"                # Adam's per-parameter step: an int64 scalar (R8)
+# State datasets with the dtype and shape of their parameter (R7).
+FLOAT_STATE_KEYS = ("momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+ALL_STATE_KEYS = frozenset(k for keys in STATE_KEYS.values() for k in keys)
+# Hyperparameters each type stores per param group (float64 attributes, all required, R9).
 HYPER_KEYS = {"sgd": ("lr", "momentum", "dampening", "weight_decay", "nesterov"),
               "adam": ("lr", "betas0", "betas1", "eps", "weight_decay", "amsgrad"),
               "adamw": ("lr", "betas0", "betas1", "eps", "weight_decay", "amsgrad")}
+BOOL_HYPER_KEYS = ("nesterov", "amsgrad")  # float64 0.0 or 1.0
+ALL_HYPER_KEYS = frozenset(k for keys in HYPER_KEYS.values() for k in keys)
+
+
+def required_state_keys(kind, amsgrad):
+    """The state datasets a parameter of optimizer type `kind` has (R6), `amsgrad` its group's flag."""
+    return tuple(k for k in STATE_KEYS.get(kind, ()) if k != AMSGRAD_STATE_KEY or amsgrad)
+
+
+# Table "Schedules": the types h5ddp-train writes and the float64 attributes each requires (R12).
+SCHEDULE_REQUIRED = {"none": (), "": (), "constant": ("base_lr",), "step": ("base_lr", "step_size", "gamma"),
+                     "cosine": ("base_lr", "total_steps")}
 
 # files in a run directory
 CHECKPOINT_PREFIX = "ckpt-"

@@ -7,13 +7,15 @@ import numpy as np
 import torch
 
 from . import format as fmt
+from . import rules
 from .comm import get_comm
 from .commit import resume_candidates
 from .errors import CheckpointError, CheckpointMismatchError, DisagreementError
 from .h5 import open_file
-from .reader import read_dataset, read_manifest, unexpected_objects
+from .reader import read_dataset, read_manifest
+from .rules import decode_names
 from .sampler import DataState
-from .state import from_numpy, model_tensors, optimizer_type, param_names, restore_rng, torch_dtype
+from .state import from_numpy, model_tensors, optimizer_type, param_names, restore_rng, torch_dtype, user_tensor
 
 
 @dataclass
@@ -31,24 +33,29 @@ class LoadResult:
     rng_exact: bool = False                           # this rank's generator row was in the file
 
 
+def _summary(problems):
+    """One line for a damaged file: its first problem and how many more there are."""
+    return problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+
+
 def _read_file(path):
-    """(manifest, {dataset path: (dtype, array)}) with every dataset read and its checksum verified."""
+    """(manifest, {dataset path: (dtype, array)}) of a valid file, every dataset read and its checksum verified.
+    Any problem (rules.py: every rule, checked before reading a tensor; then the checksums and R8/R10 on the
+    values read) raises CheckpointError: the file is damaged, whatever model it holds."""
     with open_file(path) as f:
         try:
-            m = read_manifest(f, path)
-            problems = unexpected_objects(f, m)
-            if problems:
-                raise CheckpointError(problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+            verdict = rules.check(f, path)
+            if verdict.problems:
+                raise CheckpointError(_summary(verdict.problems))
+            m = read_manifest(f, path, verdict.datasets)
             arrays = {d: read_dataset(f, path, d) for d in m.datasets}
-        except (OSError, KeyError, ValueError) as e:
+        except (OSError, KeyError, ValueError, TypeError) as e:
             raise CheckpointError(f"{path}: damaged or truncated ({str(e).splitlines()[0] if str(e) else e})") \
                 from None
+    problems = rules.value_problems(path, {d: a for d, (_, a) in arrays.items()})
+    if problems:
+        raise CheckpointError(_summary(problems))
     return m, arrays
-
-
-def _user_tensor(entry):
-    dtype, a = entry
-    return from_numpy(a, dtype).clone()
 
 
 def _scalar(arrays, p):
@@ -60,104 +67,129 @@ def _one_line(path, what, issues):
     return CheckpointMismatchError(f"{path} does not fit {what}: {shown}")
 
 
-def _plan_model(path, m, arrays, model):
-    targets = dict(model_tensors(model))
-    issues = []
-    for k in m.model:
-        if k not in targets:
-            issues.append(f"{fmt.MODEL_GROUP}/{k} is not in the model")
+def _compare_tensors(group, held, arrays, targets):
+    """FORMAT.md "Loading" 1 and 4: the names, dtypes and shapes of a group's tensors against {name: tensor}."""
+    issues = [f"{group}/{k} is not in {'the model' if group == fmt.MODEL_GROUP else 'what the caller tracks'}"
+              for k in held if k not in targets]
     for k, t in targets.items():
-        d = f"{fmt.MODEL_GROUP}/{k}"
-        if k not in m.model:
-            issues.append(f"the model's {k} is missing ({d})")
+        d = f"{group}/{k}"
+        if k not in held:
+            issues.append(f"{d} is missing (the {'model' if group == fmt.MODEL_GROUP else 'caller'} has {k})")
             continue
         dtype, a = arrays[d]
         if list(a.shape) != list(t.shape):
-            issues.append(f"dataset {d} has shape {list(a.shape)}, the model {list(t.shape)}")
+            issues.append(f"dataset {d} has shape {list(a.shape)}, the tensor {list(t.shape)}")
         elif torch_dtype(dtype, d) != t.dtype:
-            issues.append(f"dataset {d} is {dtype}, the model's tensor {t.dtype}")
+            issues.append(f"dataset {d} is {dtype}, the tensor {t.dtype}")
+    return issues
+
+
+def _plan_model(path, m, arrays, model):
+    targets = dict(model_tensors(model))
+    issues = _compare_tensors(fmt.MODEL_GROUP, m.model, arrays, targets)
     if issues:
         raise _one_line(path, "the model", issues)
     return [(t, arrays[f"{fmt.MODEL_GROUP}/{k}"]) for k, t in targets.items()]
 
 
-def _plan_optimizer(path, m, arrays, model, optimizer):
-    """The optimizer state dict to load, built from the file (state keyed by name -> PyTorch's indices)."""
+def _plan_user(path, m, arrays, user):
+    """The caller's tracked tensors against /user (None: not compared, the file's /user is only returned)."""
+    if user is None:
+        return []
+    targets = {k: user_tensor(v) for k, v in user.items()}
+    issues = _compare_tensors(fmt.USER_GROUP, m.user, arrays, targets)
+    if issues:
+        raise _one_line(path, "the tracked user state", issues)
+    return [(t, arrays[f"{fmt.USER_GROUP}/{k}"]) for k, t in targets.items() if torch.is_tensor(user[k])]
+
+
+def _compare_groups(path, m, arrays, model, optimizer):
+    """FORMAT.md "Loading" 2 and 3: the optimizer type, the number of param groups and each group's names.
+    Returns {parameter name: its index in the optimizer's state dict}."""
     kind = optimizer_type(optimizer)
     if m.optimizer_type != kind:
         held = m.optimizer_type or "none (a weights-only file)"
         raise CheckpointMismatchError(f"{path} holds optimizer state of type {held}; this optimizer is of type {kind} "
-                                      f"(dataset group {fmt.OPTIMIZER_GROUP})")
+                                      f"(group {fmt.OPTIMIZER_GROUP})")
     names = param_names(model)
-    sd = optimizer.state_dict()
-    index_of, shape_of, issues = {}, {}, []
+    index_of, issues = {}, []
     if len(m.groups) != len(optimizer.param_groups):
         issues.append(f"{len(m.groups)} param groups in the file, {len(optimizer.param_groups)} in the optimizer")
-    for gi, (g, sg) in enumerate(zip(optimizer.param_groups, sd["param_groups"])):
+    for gi, (g, sg) in enumerate(zip(optimizer.param_groups, optimizer.state_dict()["param_groups"])):
         mine = [names.get(id(p), "?") for p in g["params"]]
-        for n, i, p in zip(mine, sg["params"], g["params"]):
-            index_of[n], shape_of[n] = i, list(p.shape)
+        index_of.update(zip(mine, sg["params"]))
         d = f"{fmt.param_group_path(gi)}/{fmt.PARAM_NAMES_DATASET}"
         if gi < len(m.groups):
-            theirs = [b.decode("utf-8") for b in arrays[d][1]] if d in arrays else []
+            theirs = decode_names(arrays[d][1]) if d in arrays else []
             if theirs != mine:
                 issues.append(f"dataset {d} names {theirs[:4]}{'...' if len(theirs) > 4 else ''}, the optimizer's "
                               f"group {gi} holds {mine[:4]}{'...' if len(mine) > 4 else ''}")
-    state = {}
-    for pname, keys in m.state.items():
-        if pname not in index_of:
-            issues.append(f"{fmt.OPTIMIZER_STATE_GROUP}/{pname}: not a parameter of this optimizer")
-            continue
-        s = {}
-        for k in keys:
-            d = fmt.optimizer_state_dataset(pname, k)
-            dtype, a = arrays[d]
-            if k not in fmt.STATE_KEYS[kind]:
-                issues.append(f"dataset {d}: not a state key of {kind}")
-            elif k == "step":
-                if a.shape != ():
-                    issues.append(f"dataset {d} must be a scalar")
-                s["step"] = torch.tensor(float(a[()]))  # PyTorch keeps Adam's step as a float32 tensor
-            elif list(a.shape) != shape_of[pname]:
-                issues.append(f"dataset {d} has shape {list(a.shape)}, the parameter {shape_of[pname]}")
-            else:
-                s[k] = from_numpy(a, dtype).clone()
-        need = ("momentum_buffer",) if kind == "sgd" else ("exp_avg", "exp_avg_sq", "step")
-        if s and any(k not in s for k in need):
-            issues.append(f"optimizer state of {pname} is incomplete ({', '.join(need)} are required)")
-        state[index_of[pname]] = s
     if issues:
         raise _one_line(path, "the optimizer", issues)
+    return index_of
+
+
+def _plan_optimizer(path, m, arrays, model, optimizer):
+    """The optimizer state dict to load, built from the file (state keyed by name -> PyTorch's indices)."""
+    index_of = _compare_groups(path, m, arrays, model, optimizer)
+    state = {}
+    for pname, keys in m.state.items():
+        s = {}
+        for k in keys:
+            dtype, a = arrays[fmt.optimizer_state_dataset(pname, k)]
+            # PyTorch keeps Adam's step as a float32 tensor, the file as an int64 scalar (R8)
+            s[k] = torch.tensor(float(a[()])) if k == fmt.STEP_STATE_KEY else from_numpy(a, dtype).clone()
+        state[index_of[pname]] = s
     groups = []
-    for (hyper, _), sg in zip(m.groups, sd["param_groups"]):
+    for (hyper, _), sg in zip(m.groups, optimizer.state_dict()["param_groups"]):
         g = dict(sg)
         for k, v in hyper.items():
-            if k in ("betas0", "betas1"):
-                continue
             if k in g:
                 g[k] = bool(v) if isinstance(sg[k], bool) else v
         if "betas0" in hyper and "betas" in g:
-            g["betas"] = (hyper["betas0"], hyper.get("betas1", g["betas"][1]))
+            g["betas"] = (hyper["betas0"], hyper["betas1"])
         groups.append(g)
     return {"state": state, "param_groups": groups}
 
 
-def load(path, model, optimizer=None, *, comm=None, rng=True, weights_only=False):
+def _plan(path, model, optimizer, user, weights_only):
+    """(manifest, arrays, tensor copies, optimizer state dict or None) of a valid file that fits; raises."""
+    m, arrays = _read_file(path)
+    copies = _plan_model(path, m, arrays, model)
+    with_optimizer = optimizer is not None and not weights_only
+    opt_sd = _plan_optimizer(path, m, arrays, model, optimizer) if with_optimizer else None
+    copies += _plan_user(path, m, arrays, user)
+    return m, arrays, copies, opt_sd
+
+
+def _result(path, m, arrays):
+    data = DataState(seed=int(np.uint64(arrays[fmt.DATA_SEED][1][()])), epoch=_scalar(arrays, fmt.DATA_EPOCH),
+                     position=_scalar(arrays, fmt.DATA_POSITION), global_batch=_scalar(arrays, fmt.DATA_GLOBAL_BATCH))
+    user = {}
+    for k in m.user:
+        dtype, a = arrays[f"{fmt.USER_GROUP}/{k}"]
+        user[k] = from_numpy(a, dtype).clone()
+    return LoadResult(path=path, step=_scalar(arrays, fmt.TRAIN_STEP), epoch=_scalar(arrays, fmt.TRAIN_EPOCH),
+                      samples_consumed=_scalar(arrays, fmt.TRAIN_SAMPLES_CONSUMED), data=data,
+                      world_size=m.world_size, optimizer_type=m.optimizer_type, scheduler=m.scheduler,
+                      meta=m.meta, user=user)
+
+
+def load(path, model, optimizer=None, *, comm=None, rng=True, weights_only=False, user=None):
     """Collective. Loads checkpoint `path` into `model` (a DistributedDataParallel wrapper or the module inside;
     "module." prefixes are handled) and `optimizer` (torch.optim.Adam, AdamW or SGD; its hyperparameters come
     from the file too), restores this rank's RNG row (rng=True) and returns a LoadResult with the counters,
     the data position, scheduler values, meta and user tensors. weights_only=True loads only the model.
+    user: {name: tensor or number} the caller tracks (as save's `user`): the file's /user must hold exactly
+    these names with these dtypes and shapes, and the tensors are filled in place (None: not compared).
     Every rank reads and verifies the whole file before touching anything; any problem raises on every rank:
-    CheckpointMismatchError when the file does not fit the model or optimizer, CheckpointError when it is
-    damaged or not a checkpoint (messages name the file, the dataset and the rank)."""
+    CheckpointError when the file is damaged or not a checkpoint (docs/FORMAT.md: any broken rule or checksum),
+    CheckpointMismatchError when a valid file does not fit the model, optimizer or user state (docs/FORMAT.md
+    "Loading"). Messages name the file, the dataset and the rank."""
     comm = get_comm(comm)
     planned = None
     try:
-        m, arrays = _read_file(path)
-        copies = _plan_model(path, m, arrays, model)
-        opt_sd = _plan_optimizer(path, m, arrays, model, optimizer) if optimizer is not None and not weights_only \
-            else None
-        planned = (m, arrays, copies, opt_sd)
+        planned = _plan(path, model, optimizer, user, weights_only)
         error = None
     except CheckpointError as e:
         error = e
@@ -169,34 +201,29 @@ def load(path, model, optimizer=None, *, comm=None, rng=True, weights_only=False
             t.copy_(from_numpy(a, dtype).to(t.device))
     if opt_sd is not None:
         optimizer.load_state_dict(opt_sd)
-    data = DataState(seed=int(np.uint64(arrays[fmt.DATA_SEED][1][()])), epoch=_scalar(arrays, fmt.DATA_EPOCH),
-                     position=_scalar(arrays, fmt.DATA_POSITION), global_batch=_scalar(arrays, fmt.DATA_GLOBAL_BATCH))
-    result = LoadResult(path=path, step=_scalar(arrays, fmt.TRAIN_STEP), epoch=_scalar(arrays, fmt.TRAIN_EPOCH),
-                        samples_consumed=_scalar(arrays, fmt.TRAIN_SAMPLES_CONSUMED), data=data,
-                        world_size=m.world_size, optimizer_type=m.optimizer_type, scheduler=m.scheduler,
-                        meta=m.meta,
-                        user={k: _user_tensor(arrays[f"{fmt.USER_GROUP}/{k}"]) for k in m.user})
+    result = _result(path, m, arrays)
     if rng and not weights_only:
         cpu = arrays[fmt.RNG_CPU][1]
         cuda = arrays[fmt.RNG_CUDA][1] if m.rng_cuda else None
         r = comm.rank
         result.rng_exact = restore_rng(cpu[r] if r < cpu.shape[0] else None,
                                        cuda[r] if cuda is not None and r < cuda.shape[0] else None,
-                                       data.seed, r, result.step)
+                                       result.data.seed, r, result.step)
     return result
 
 
-def resume(run_dir, model, optimizer=None, *, comm=None, rng=True):
+def resume(run_dir, model, optimizer=None, *, comm=None, rng=True, user=None):
     """Collective. Loads the newest valid checkpoint of `run_dir` (the highest step that loads; a file `latest`
-    names without a step first): a damaged one is skipped with a warning naming what was wrong and the next older
-    one is tried. Returns its LoadResult, or None (nothing touched) when there is none. A checkpoint of another
-    model or optimizer raises CheckpointMismatchError: an older file of the same run would not fit either."""
+    names without a step first): a damaged one (any problem docs/FORMAT.md's rules or the checksums find) is
+    skipped with a warning naming what was wrong and the next older one is tried. `user` as for load. Returns
+    its LoadResult, or None (nothing touched) when there is none. A checkpoint of another model or optimizer
+    raises CheckpointMismatchError: an older file of the same run would not fit either."""
     comm = get_comm(comm)
     candidates = comm.bcast(resume_candidates(run_dir, _warn) if comm.rank == 0 else None)
     skipped = []
     for path in candidates:
         try:
-            result = load(path, model, optimizer, comm=comm, rng=rng)
+            result = load(path, model, optimizer, comm=comm, rng=rng, user=user)
         except (CheckpointMismatchError, DisagreementError):
             raise
         except CheckpointError as e:

@@ -55,6 +55,12 @@ def from_numpy(a, name):
     return torch.from_numpy(a)
 
 
+def user_tensor(value):
+    """A /user entry as a tensor: a tensor as it is, a number as torch.tensor makes it (int -> int64,
+    float -> float32, bool -> bool)."""
+    return value if torch.is_tensor(value) else torch.tensor(value)
+
+
 def unwrap(model):
     """The module inside DistributedDataParallel / DataParallel wrappers."""
     while isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):

@@ -8,6 +8,7 @@ docs/FORMAT.md's layout and with its commit protocol:
   commit    close, fsync on every rank, rename (the commit point), fsync dir, latest.tmp + fsync + rename
             to latest + fsync dir, retention
 """
+import math
 import os
 import sys
 import time
@@ -24,7 +25,7 @@ from .comm import get_comm
 from .commit import apply_retention, fsync_path, write_latest
 from .errors import CheckpointError, DisagreementError
 from .sampler import DataState
-from .state import model_tensors, optimizer_entries, rng_states, to_numpy
+from .state import model_tensors, optimizer_entries, rng_states, to_numpy, user_tensor
 
 # Largest single write (as the C++ writer: MPI-IO counts are ints).
 MAX_TRANSFER_BYTES = 1 << 30
@@ -92,7 +93,70 @@ def _strings(path, names):
     return _Item(path, np.array(encoded, dtype=f"S{width}"), "string", False)
 
 
-def _local_items(model, optimizer, step, epoch, samples_consumed, data, user):
+def _counter_breaks(step, epoch, samples_consumed, data, scheduler, name):
+    """What in the counters, the data position, the schedule or the file name would break a rule of
+    docs/FORMAT.md (R2, R10, R11, R12), as texts."""
+    out = []
+    counters = {"step": step, "epoch": epoch, "samples_consumed": samples_consumed, "data.epoch": data.epoch,
+                "data.position": data.position, "data.global_batch": data.global_batch}
+    out += [f"R10: {k} is {v}, must be >= 0" for k, v in counters.items() if v < 0]
+    if data.position > samples_consumed:
+        out.append(f"R10: data.position {data.position} exceeds samples_consumed {samples_consumed}")
+    if epoch != data.epoch:
+        out.append(f"R11: epoch {epoch} differs from data.epoch {data.epoch} (/train/epoch must equal /data/epoch)")
+    if not 0 <= data.seed < 1 << 64:
+        out.append(f"data.seed {data.seed} is not a uint64")
+    named = fmt.checkpoint_step_from_name(name)
+    if named >= 0 and named != step:
+        out.append(f"R2: the file name {name} says step {named}, the step is {step}")
+    kind = scheduler.get("type", "none")
+    if not isinstance(kind, str):
+        out.append(f"R12: the scheduler type {kind!r} is not a string")
+    out += [f"R12: schedule {kind} needs {k}" for k in fmt.SCHEDULE_REQUIRED.get(kind, ()) if k not in scheduler]
+    for k, v in scheduler.items():
+        if k != "type" and (isinstance(v, (str, bytes)) or not _is_number(v)):
+            out.append(f"R12: scheduler value {k}={v!r} is not a number (stored as float64)")
+    return out
+
+
+def _is_number(v):
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _optimizer_breaks(model, kind, groups, state, step):
+    """What in the optimizer's groups and state would break R6, R7, R8 or R9, as texts."""
+    out = [f"R9: param group {i} {k} is {v}, must be finite" for i, (hyper, _) in enumerate(groups)
+           for k, v in hyper.items() if not math.isfinite(v)]
+    params = dict(model_tensors(model))
+    amsgrad = {n: hyper.get("amsgrad") == 1.0 for hyper, names in groups for n in names}
+    keys = {}
+    for pname, key, t in state:
+        keys.setdefault(pname, []).append(key)
+        p = params.get(pname)
+        if key == fmt.STEP_STATE_KEY and not 0 <= int(t) <= step:
+            out.append(f"R8: the optimizer's step of {pname} is {int(t)}, must be in [0, step {step}]")
+        elif key in fmt.FLOAT_STATE_KEYS and p is not None and (t.shape != p.shape or t.dtype != p.dtype):
+            out.append(f"R7: the optimizer's {key} of {pname} is {t.dtype} {list(t.shape)}, the parameter "
+                       f"{p.dtype} {list(p.shape)}")
+    for pname, have in keys.items():
+        need = fmt.required_state_keys(kind, amsgrad.get(pname, False))
+        if sorted(have) != sorted(need):
+            out.append(f"R6: the optimizer's state of {pname} holds {', '.join(have)}, {kind} needs {', '.join(need)}")
+    return out
+
+
+def _local_items(model, optimizer, step, epoch, samples_consumed, data, user, scheduler, name):
+    """The datasets this rank would write, (optimizer type, groups, items); raises CheckpointError, before
+    anything is written, when the state would break a rule of docs/FORMAT.md."""
+    kind, groups, state = optimizer_entries(model, optimizer) if optimizer is not None else ("", [], [])
+    breaks = _counter_breaks(step, epoch, samples_consumed, data, scheduler, name)
+    breaks += _optimizer_breaks(model, kind, groups, state, step)
+    if breaks:
+        raise CheckpointError(f"refusing to save step {step}, docs/FORMAT.md forbids it: " + "; ".join(breaks))
     items, seen = [], set()
 
     def add(item):
@@ -103,12 +167,11 @@ def _local_items(model, optimizer, step, epoch, samples_consumed, data, user):
 
     for key, t in model_tensors(model):
         add(_Item(fmt.model_dataset(key), to_numpy(t, key), _dtype(t, key), True))
-    kind, groups, state = optimizer_entries(model, optimizer) if optimizer is not None else ("", [], [])
     for pname, key, t in state:
         add(_Item(fmt.optimizer_state_dataset(pname, key), to_numpy(t, f"{pname}/{key}"),
                   _dtype(t, f"{pname}/{key}"), True))
     for key, t in (user or {}).items():
-        t = t if torch.is_tensor(t) else torch.tensor(t)
+        t = user_tensor(t)
         add(_Item(fmt.user_dataset(key), to_numpy(t, key), _dtype(t, key), True))
     for i, (_, names) in enumerate(groups):
         if names:
@@ -214,6 +277,7 @@ def _create_structure(f, items, kind, groups, scheduler, meta, world, step, crea
 
     f.attrs[fmt.ATTR_FORMAT] = fmt.FORMAT_NAME
     f.attrs[fmt.ATTR_FORMAT_VERSION] = np.int64(fmt.FORMAT_VERSION)
+    f.attrs[fmt.ATTR_FORMAT_MINOR_VERSION] = np.int64(fmt.FORMAT_MINOR_VERSION)
     f.attrs[fmt.ATTR_H5DDP_VERSION] = str(__version__)
     f.attrs[fmt.ATTR_TORCH_VERSION] = str(meta.get("torch_version", "unknown"))
     f.attrs[fmt.ATTR_CREATED] = str(created)
@@ -256,110 +320,99 @@ def _capture(fn):
         return None, e if isinstance(e, CheckpointError) else f"{type(e).__name__}: {msg}"
 
 
-def save(run_dir, model, optimizer=None, *, step, data=None, epoch=None, samples_consumed=None, scheduler=None,
-         meta=None, user=None, keep_last=3, keep_every=0, fsync=True, name=None, comm=None):
-    """Collective: every rank of the job calls it with its replica of the model and optimizer (DDP keeps them
-    equal; a difference is an error and nothing is written). Writes <run_dir>/ckpt-<step>.h5 (or `name`) and
-    moves `latest`, then keeps the `keep_last` newest checkpoints (0: all) and every step multiple of
-    `keep_every`.
-
-    data: a DataState (sampler seed, epoch, position in global samples, global batch); epoch and
-    samples_consumed default to data.epoch and step * data.global_batch. scheduler: {"type": str, name: float}.
-    meta: {str: str} (stored under /meta). run_dir is created if missing. user: {name: tensor or number} (stored under /user).
-    fsync=False skips every fsync (faster, not crash-safe). Returns a SaveResult on every rank."""
-    t0 = time.perf_counter()
-    phases = {}
-    comm = get_comm(comm)
-    rank, world = comm.rank, comm.size
-    data = data or DataState()
-    epoch = data.epoch if epoch is None else epoch
-    samples_consumed = step * data.global_batch if samples_consumed is None else samples_consumed
-    scheduler = dict(scheduler or {"type": "none"})
-    meta = dict(meta or {})
-    meta.setdefault("torch_version", str(torch.__version__))
-    meta.setdefault("writer", f"h5ddp_torch {__version__}")
-
+def _plan(comm, model, optimizer, step, epoch, samples_consumed, data, user, scheduler, meta, name):
+    """Collective. (kind, groups, items, segments, pieces): the datasets, agreed between the ranks, and each
+    rank's rows; raises on every rank when a rank's state breaks a rule or the ranks differ."""
     steps = comm.allgather(int(step))
     if len(set(steps)) != 1:
         raise DisagreementError("ranks disagree on the checkpoint step: " +
                                 ", ".join(f"rank {r}={s}" for r, s in enumerate(steps)))
-    planned, err = _capture(lambda: _local_items(model, optimizer, step, epoch, samples_consumed, data, user))
+    planned, err = _capture(lambda: _local_items(model, optimizer, step, epoch, samples_consumed, data, user,
+                                                 scheduler, name))
     comm.raise_if_any(err)
     kind, groups, items = planned
     if kind:
         meta.setdefault("optimizer", kind)
     items += _rng_items(comm)
     _agree_on_plan(comm, items, _describe(items, kind, groups, scheduler, meta))
-    segments = compute_segments(items, world)
+    segments = compute_segments(items, comm.size)
     pieces = [0] * len(items)
     for i, _, _, _ in segments:
         pieces[i] += 1
-    phases["plan"] = time.perf_counter() - t0
+    return kind, groups, items, segments, pieces
 
-    name = name or fmt.checkpoint_file_name(step)
-    if not name.endswith(fmt.CHECKPOINT_SUFFIX):
-        name += fmt.CHECKPOINT_SUFFIX
-    final_path = os.path.join(run_dir, name)
-    partial_path = final_path + fmt.PARTIAL_SUFFIX
+
+def _prepare_dir(comm, run_dir, partial_path, nbytes):
+    """Collective. Creates the run directory (rank 0) and checks that the file fits on its file system."""
     def make_run_dir():
         try:
             os.makedirs(run_dir, exist_ok=True)
         except OSError as e:
             raise CheckpointError(f"cannot create the run directory {run_dir}: {e.strerror}") from None
-    comm.raise_if_any(_capture(make_run_dir)[1] if rank == 0 else None)
-    result = SaveResult(final_path, sum(d.nbytes for d in items))
-    if rank == 0:
+    comm.raise_if_any(_capture(make_run_dir)[1] if comm.rank == 0 else None)
+    if comm.rank == 0:
         st = os.statvfs(run_dir)
-        needed = result.bytes + result.bytes // 16 + (1 << 20)
+        needed = nbytes + nbytes // 16 + (1 << 20)
         free = st.f_bavail * st.f_frsize
         comm.raise_if_any(f"not enough space for {partial_path}: needs about {needed} bytes, {free} available "
                           "(disk full?)" if free < needed else None)
     else:
         comm.raise_if_any(None)
-    created = comm.bcast(_utc_now())
 
+
+def _write_share(comm, dsets, items, segments, partial_path, result):
+    """Collective. This rank writes the rows of its share."""
+    error = None
+    for i, r, begin, end in segments:
+        if r != comm.rank or error:
+            continue
+        _, error = _capture(lambda: _write_rows(dsets[i], items[i], begin, end))
+        if error:
+            error = f"{error} (writing rows [{begin}, {end}) of {items[i].path} to {partial_path})"
+        result.bytes_this_rank += (end - begin) * items[i].row_bytes
+    comm.raise_if_any(error)
+
+
+def _write_checksums(comm, dsets, items, segments, pieces):
+    """Collective. The checksum of a tensor comes from the rank that wrote it whole; a split, empty or small
+    dataset is hashed by every rank and the hashes must agree (the bytes from different replicas must be the
+    same)."""
+    owner = [-1] * len(items)
+    for i, r, _, _ in segments:
+        if items[i].tensor and pieces[i] == 1:
+            owner[i] = r
+    mine = [_hash(d.array) if owner[i] in (-1, comm.rank) else None for i, d in enumerate(items)]
+    differ = []
+    for i, col in enumerate(zip(*comm.allgather(mine))):
+        values = {v for v in col if v is not None}
+        if len(values) != 1:
+            differ.append(items[i].path)
+        items[i].checksum = min(values)
+    comm.raise_if_any("replicated state differs between ranks (full checksums disagree); nothing is "
+                      "committed: " + ", ".join(differ) if differ else None, DisagreementError)
+    _, err = _capture(lambda: [ds.attrs.__setitem__(fmt.ATTR_CHECKSUM, np.uint64(d.checksum))
+                               for ds, d in zip(dsets, items)])
+    comm.raise_if_any(err)
+
+
+def _write_partial(comm, partial_path, plan, structure, fsync, result, phases):
+    """Collective. Writes, hashes, closes and fsyncs <name>.partial; removes it on any failure.
+    plan: (items, segments, pieces); structure: the arguments of _create_structure after f and items."""
+    items, segments, pieces = plan
     f = None
     try:
         t = time.perf_counter()
         f, err = _capture(lambda: h5.create_file(partial_path, comm))
         comm.raise_if_any(err)
-        dsets, err = _capture(lambda: _create_structure(f, items, kind, groups, scheduler, meta, world, step, created))
+        dsets, err = _capture(lambda: _create_structure(f, items, *structure))
         comm.raise_if_any(err if err is None else f"creating {partial_path}: {err}")
         phases["create"] = time.perf_counter() - t
-
         t = time.perf_counter()
-        error = None
-        for i, r, begin, end in segments:
-            if r != rank or error:
-                continue
-            _, error = _capture(lambda: _write_rows(dsets[i], items[i], begin, end))
-            if error:
-                error = f"{error} (writing rows [{begin}, {end}) of {items[i].path} to {partial_path})"
-            result.bytes_this_rank += (end - begin) * items[i].row_bytes
-        comm.raise_if_any(error)
+        _write_share(comm, dsets, items, segments, partial_path, result)
         phases["write"] = time.perf_counter() - t
-
         t = time.perf_counter()
-        # The checksum of a tensor comes from the rank that wrote it whole; a split, empty or small dataset is
-        # hashed by every rank and the hashes must agree (the bytes from different replicas must be the same).
-        owner = [-1] * len(items)
-        for i, r, _, _ in segments:
-            if items[i].tensor and pieces[i] == 1:
-                owner[i] = r
-        mine = [_hash(d.array) if owner[i] in (-1, rank) else None for i, d in enumerate(items)]
-        differ = []
-        for i, col in enumerate(zip(*comm.allgather(mine))):
-            values = {v for v in col if v is not None}
-            if len(values) != 1:
-                differ.append(items[i].path)
-            items[i].checksum = min(values)
-        comm.raise_if_any("replicated state differs between ranks (full checksums disagree); nothing is "
-                          "committed: " + ", ".join(differ) if differ else None, DisagreementError)
-        _, err = _capture(lambda: [ds.attrs.__setitem__(fmt.ATTR_CHECKSUM, np.uint64(d.checksum))
-                                   for ds, d in zip(dsets, items)])
-        comm.raise_if_any(err)
+        _write_checksums(comm, dsets, items, segments, pieces)
         phases["checksums"] = time.perf_counter() - t
-
         t = time.perf_counter()
         dsets = None
         _, err = _capture(f.close)
@@ -372,13 +425,17 @@ def save(run_dir, model, optimizer=None, *, step, data=None, epoch=None, samples
     except BaseException:
         if f is not None:
             _capture(f.close)
-        if rank == 0:
+        if comm.rank == 0:
             _capture(lambda: os.remove(partial_path))
         raise
 
-    t = time.perf_counter()
+
+def _commit(comm, run_dir, name, fsync, keep_last, keep_every):
+    """Collective. Rename (the commit point), fsync the directory, move `latest`, retention (rank 0)."""
+    final_path = os.path.join(run_dir, name)
+    partial_path = final_path + fmt.PARTIAL_SUFFIX
     err = None
-    if rank == 0:
+    if comm.rank == 0:
         def commit():
             try:
                 os.rename(partial_path, final_path)  # the commit point
@@ -390,12 +447,54 @@ def save(run_dir, model, optimizer=None, *, step, data=None, epoch=None, samples
         if err:
             _capture(lambda: os.remove(partial_path))
     comm.raise_if_any(err)
-    if rank == 0:
+    if comm.rank == 0:
         _, err = _capture(lambda: write_latest(run_dir, name, fsync))
     comm.raise_if_any(err)
-    if rank == 0:
+    if comm.rank == 0:
         apply_retention(run_dir, keep_last, keep_every, name, _warn)
     comm.barrier()  # every rank returns with the directory in its final state
+
+
+def save(run_dir, model, optimizer=None, *, step, data=None, epoch=None, samples_consumed=None, scheduler=None,
+         meta=None, user=None, keep_last=3, keep_every=0, fsync=True, name=None, comm=None):
+    """Collective: every rank of the job calls it with its replica of the model and optimizer (DDP keeps them
+    equal; a difference is an error and nothing is written). Writes <run_dir>/ckpt-<step>.h5 (or `name`) and
+    moves `latest`, then keeps the `keep_last` newest checkpoints (0: all) and every step multiple of
+    `keep_every`.
+
+    data: a DataState (sampler seed, epoch, position in global samples, global batch); epoch and
+    samples_consumed default to data.epoch and step * data.global_batch. scheduler: {"type": str, name: float}.
+    meta: {str: str} (stored under /meta). run_dir is created if missing. user: {name: tensor or number} (stored
+    under /user). fsync=False skips every fsync (faster, not crash-safe). Returns a SaveResult on every rank.
+    A state that would break a rule of docs/FORMAT.md (epoch != data.epoch, data.position > samples_consumed, a
+    negative counter, a name ckpt-<digits>.h5 of another step, an optimizer step beyond `step`, maximize=True, a
+    non-finite hyperparameter, ...) raises CheckpointError on every rank before anything is written."""
+    t0 = time.perf_counter()
+    phases = {}
+    comm = get_comm(comm)
+    data = data or DataState()
+    epoch = data.epoch if epoch is None else epoch
+    samples_consumed = step * data.global_batch if samples_consumed is None else samples_consumed
+    scheduler = dict(scheduler or {"type": "none"})
+    meta = dict(meta or {})
+    meta.setdefault("torch_version", str(torch.__version__))
+    meta.setdefault("writer", f"h5ddp_torch {__version__}")
+    name = name or fmt.checkpoint_file_name(step)
+    if not name.endswith(fmt.CHECKPOINT_SUFFIX):
+        name += fmt.CHECKPOINT_SUFFIX
+
+    kind, groups, items, segments, pieces = _plan(comm, model, optimizer, step, epoch, samples_consumed, data, user,
+                                                  scheduler, meta, name)
+    phases["plan"] = time.perf_counter() - t0
+    final_path = os.path.join(run_dir, name)
+    partial_path = final_path + fmt.PARTIAL_SUFFIX
+    result = SaveResult(final_path, sum(d.nbytes for d in items))
+    _prepare_dir(comm, run_dir, partial_path, result.bytes)
+    created = comm.bcast(_utc_now())
+    _write_partial(comm, partial_path, (items, segments, pieces),
+                   (kind, groups, scheduler, meta, comm.size, step, created), fsync, result, phases)
+    t = time.perf_counter()
+    _commit(comm, run_dir, name, fsync, keep_last, keep_every)
     phases["commit"] = time.perf_counter() - t
     result.seconds = time.perf_counter() - t0
     result.phases = phases
