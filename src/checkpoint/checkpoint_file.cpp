@@ -41,7 +41,7 @@ std::vector<uint8_t> CheckpointFile::read(const std::string& dataset_path) const
       std::vector<uint8_t> buf(d.nbytes());
       if (!buf.empty()) ckpt::read_rows(ds, d, 0, d.rows(), buf.data(), H5P_DEFAULT);
       if (ckpt::hash_bytes(buf.data(), buf.size()) != d.checksum)
-        throw CheckpointError(impl_->path + ": checksum mismatch in dataset " + d.path);
+        throw CheckpointError(impl_->path + ": R13: checksum mismatch in dataset " + d.path);
       return buf;
     });
   }

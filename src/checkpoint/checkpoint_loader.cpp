@@ -354,7 +354,7 @@ std::vector<uint8_t> read_small(hid_t f, const std::string& path, DatasetPlan* o
     if (!buf.empty()) ckpt::read_rows(ds, d, 0, d.rows(), buf.data(), H5P_DEFAULT);
     const uint64_t stored = h5::read_attr_uint(ds, format::kAttrChecksum);
     if (ckpt::hash_bytes(buf.data(), buf.size()) != stored)
-      throw CheckpointError(file + ": checksum mismatch in dataset " + path);
+      throw CheckpointError(file + ": R13: checksum mismatch in dataset " + path);
     if (out_plan) *out_plan = d;
     return buf;
   });
@@ -450,10 +450,10 @@ void read_and_verify(MpiComm& comm, hid_t f, const TensorPlan& p, const std::str
   const std::vector<uint64_t> hashed = hasher.finish();
   for (size_t i = 0; i < p.shared.size(); ++i)
     if (verify_here[i] && hashed[i] != p.shared[i].checksum)
-      problems += "\n  checksum mismatch in dataset " + p.shared[i].path;
+      problems += "\n  R13: checksum mismatch in dataset " + p.shared[i].path;
   const std::vector<uint64_t> own_hashed = own_hasher.finish();
   for (size_t i = 0; i < p.own.size(); ++i)
-    if (verify && own_hashed[i] != p.own[i].checksum) problems += "\n  checksum mismatch in dataset " + p.own[i].path;
+    if (verify && own_hashed[i] != p.own[i].checksum) problems += "\n  R13: checksum mismatch in dataset " + p.own[i].path;
   if (!problems.empty())
     problems = path + ": corrupt data on rank " + std::to_string(comm.rank()) + " (the bytes it read" +
                (options.strategy == LoadStrategy::kShareExchange ? " or received" : "") +

@@ -307,7 +307,17 @@ bool check_hyper(Report& r, const std::string& g, const ObjectFact& o, const std
       r.problem("R9: " + attr_path(g, k) + " is " + std::to_string(a.d) + ", a boolean is 0.0 or 1.0");
     if (k == "amsgrad") amsgrad = a.d == 1.0;
   }
-  extra_attrs(r, g, o, allowed);
+  // Another type's hyperparameter breaks R9 in every revision; a name no type has is unknown (R14).
+  for (const auto& [name, a] : o.attrs) {
+    if (allowed.count(name)) continue;
+    bool other_type = false;
+    for (const char* t : {"sgd", "adam"})
+      for (const auto& k : hyper_keys(t)) other_type = other_type || k == name;
+    if (other_type)
+      r.problem("R9: " + attr_path(g, name) + " is not a hyperparameter of " + type);
+    else
+      r.unknown("attribute " + attr_path(g, name));
+  }
   return amsgrad;
 }
 
@@ -332,7 +342,11 @@ void check_state_group(Report& r, const std::string& p, const std::string& type,
     if (key.find('/') != std::string::npos) continue;  // deeper: an unknown object, reported elsewhere
     have.insert(key);
     const ObjectFact& o = it->second;
-    if (!want.count(key)) {
+    static const std::set<std::string> any_type = {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+                                                   "step"};
+    if (!want.count(key) && !any_type.count(key) && r.newer) {
+      r.unknown("dataset " + it->first);  // a state no optimizer type has: a newer revision's optional addition
+    } else if (!want.count(key)) {
       r.problem("R6: " + it->first + " is not a state of " + type + (amsgrad ? " (amsgrad)" : ""));
     } else if (key == "step") {
       if (o.dtype() != "int64" || !o.shape.empty())

@@ -46,7 +46,7 @@ std::string verify_dataset(hid_t f, const DatasetPlan& d, const std::string& fil
       }
       const uint64_t computed = st.digest();
       if (computed != d.checksum)
-        throw CheckpointError(file + ": checksum mismatch in dataset " + d.path + " (stored " + hex(d.checksum) +
+        throw CheckpointError(file + ": R13: checksum mismatch in dataset " + d.path + " (stored " + hex(d.checksum) +
                               ", computed " + hex(computed) + ")");
     });
   });

@@ -40,7 +40,7 @@ expect_text "info: step" "step            207" "$work/info.txt"
 expect_text "info: world size" "world size      2" "$work/info.txt"
 expect_text "info: optimizer" "adam, 2 param group" "$work/info.txt"
 expect_text "info: tree" "big.weight .*float32 .*\[1000,300\] .*1.1 MiB" "$work/info.txt"
-expect_text "info: totals" "10 model tensors, 4 optimizer state tensors" "$work/info.txt"
+expect_text "info: totals" "10 model tensors, 6 optimizer state tensors" "$work/info.txt"
 
 # verify
 "$ckpt" verify "$a" "$b" > "$work/verify.txt"; check "verify valid files" 0 $?

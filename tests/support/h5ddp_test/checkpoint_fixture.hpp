@@ -32,10 +32,13 @@ inline std::vector<TensorSpec> model_specs() {
 }
 
 inline std::vector<TensorSpec> optimizer_specs() {
+  // Adam's state as docs/FORMAT.md defines it: exp_avg, exp_avg_sq (the parameter's dtype and shape), an int64 step.
   return {{"conv1.weight/exp_avg", DType::kF32, {4, 1, 3, 3}},
           {"conv1.weight/exp_avg_sq", DType::kF32, {4, 1, 3, 3}},
-          {"conv1.weight/step", DType::kF32, {}},
-          {"big.weight/exp_avg", DType::kF32, {1000, 300}}};
+          {"conv1.weight/step", DType::kI64, {}},
+          {"big.weight/exp_avg", DType::kF32, {1000, 300}},
+          {"big.weight/exp_avg_sq", DType::kF32, {1000, 300}},
+          {"big.weight/step", DType::kI64, {}}};
 }
 
 // Deterministic bytes of a tensor: a function of (name, seed) only, so every rank builds the same replica.
@@ -61,12 +64,12 @@ class OwnedState {
     state.counters = {200 + static_cast<int64_t>(seed), 3, 12800};
     state.data = {42 + seed, 3, 640, 64};
     state.scheduler.type = "step";
-    state.scheduler.values = {{"gamma", 0.5}, {"step_size", 10}, {"last_epoch", 3}};
+    state.scheduler.values = {{"base_lr", 1e-3}, {"gamma", 0.5}, {"step_size", 10}, {"last_epoch", 3}};
     state.optimizer.type = "adam";
     ParamGroup g0, g1;
-    g0.hyper = {{"lr", 1e-3}, {"betas0", 0.9}, {"betas1", 0.999}, {"eps", 1e-8}, {"weight_decay", 0}};
+    g0.hyper = {{"lr", 1e-3}, {"betas0", 0.9}, {"betas1", 0.999}, {"eps", 1e-8}, {"weight_decay", 0}, {"amsgrad", 0}};
     g0.params = {"conv1.weight", "conv1.bias", "fc.weight"};
-    g1.hyper = {{"lr", 1e-2}, {"betas0", 0.9}, {"betas1", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.01}};
+    g1.hyper = {{"lr", 1e-2}, {"betas0", 0.9}, {"betas1", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.01}, {"amsgrad", 0}};
     g1.params = {"big.weight"};
     state.optimizer.groups = {g0, g1};
     state.rng = rng_of(rank);
@@ -100,6 +103,11 @@ class OwnedState {
     auto& buf = storage_.emplace_back(t.nbytes() + 1, 0);  // +1: a valid pointer even when empty
     buf.resize(t.nbytes());
     if (filled) fill_bytes(buf, s.name, seed, s.dtype);
+    const std::string step = "/step";  // an Adam step count: 0 <= step <= the counters' step (R8)
+    if (filled && s.name.size() > step.size() && s.name.compare(s.name.size() - step.size(), step.size(), step) == 0) {
+      const int64_t v = 1;  // nonzero: a load that left it at 0 shows; <= every step the tests save at
+      std::memcpy(buf.data(), &v, sizeof(v));
+    }
     t.data = buf.data();
     return t;
   }
