@@ -276,7 +276,7 @@ class _Check:
     def optimizer(self, g, model):
         kind = self.attr(g, fmt.OPTIMIZER_GROUP, fmt.ATTR_OPTIMIZER_TYPE, "string")
         if kind is not None and kind not in fmt.OPTIMIZER_TYPES:
-            self.problem(f"{attr_path(fmt.OPTIMIZER_GROUP, fmt.ATTR_OPTIMIZER_TYPE)} is {kind!r}: FORMAT.md "
+            self.problem(f"R6: {attr_path(fmt.OPTIMIZER_GROUP, fmt.ATTR_OPTIMIZER_TYPE)} is {kind!r}: FORMAT.md "
                          "allows sgd, adam, adamw or '' (no optimizer)")
             kind = None
         kids = self.expect(g, fmt.OPTIMIZER_GROUP, OPTIMIZER_LAYOUT, attrs=(fmt.ATTR_OPTIMIZER_TYPE,))

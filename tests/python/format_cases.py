@@ -172,7 +172,8 @@ def _r8_float_step(f):
 
 def _r7(f):
     p = f"optimizer/state/{first_state_param(f)}/exp_avg"
-    rewrite(f, p, f[p][()].reshape(-1), "float32")
+    flat = f[p][()].reshape(-1)
+    rewrite(f, p, np.concatenate([flat, flat[:1]]), "float32")  # one element more than the parameter
 
 
 def _r12(f):
@@ -183,10 +184,10 @@ def _r12(f):
 
 
 def _r17(f):
-    ds = f["optimizer/param_groups/0/params"]
-    names = [n.decode() for n in ds[()]]
-    del f[ds.name]
-    new = f.create_dataset(ds.name, data=names, dtype=h5py.string_dtype())
+    path = "optimizer/param_groups/0/params"
+    names = [n.decode() for n in f[path][()]]
+    del f[path]
+    new = f.create_dataset(path, data=names, dtype=h5py.string_dtype())
     new.attrs["dtype"] = "string"
     rehash_strings = np.array([n.encode() for n in names], dtype=object)
     new.attrs["xxh3"] = np.uint64(xxhash.xxh3_64_intdigest(b"".join(rehash_strings)))
