@@ -126,6 +126,39 @@ TEST(Checkpoint, DisagreeingStepFailsEverywhereAndWritesNothing) {
   EXPECT_EQ(files_in(dir), std::vector<std::string>{});
 }
 
+// A writer writes only valid files (docs/FORMAT.md "Rules between fields"): a state that would break a rule is
+// refused on every rank, naming the rule and the dataset, before anything is on disk.
+TEST(Checkpoint, StateThatWouldMakeAnInvalidFileIsRefusedBeforeWriting) {
+  auto& world = test::world();
+  struct Break {
+    const char* rule;
+    void (*apply)(OwnedState&);
+  };
+  const Break breaks[] = {
+      {"R11", [](OwnedState& s) { s.state.counters.epoch = s.state.data.epoch + 1; }},
+      {"R10", [](OwnedState& s) { s.state.data.position = s.state.counters.samples_consumed + 1; }},
+      {"R8", [](OwnedState& s) { *static_cast<int64_t*>(s.find("big.weight/step")->data) = 1 << 20; }},
+      {"R8", [](OwnedState& s) { s.find("conv1.weight/step")->dtype = DType::kF64; }},  // not an int64 step
+      {"R9", [](OwnedState& s) { s.state.optimizer.groups[0].hyper.erase("lr"); }},
+      {"R4", [](OwnedState& s) { s.state.optimizer.groups[1].params.push_back("ghost.weight"); }},
+      {"R12", [](OwnedState& s) { s.state.scheduler.values.erase("step_size"); }},
+  };
+  for (const auto& b : breaks) {
+    const std::string dir = test::scratch_dir("invalid-state");
+    OwnedState s(7, world.rank());
+    b.apply(s);
+    try {
+      save_checkpoint(world, s.state, dir);
+      ADD_FAILURE() << "wrote a file that breaks " << b.rule;
+    } catch (const CheckpointError& e) {
+      EXPECT_TRUE(contains(e.what(), std::string(b.rule) + ": ")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "refusing to write")) << e.what();
+    }
+    world.barrier();
+    EXPECT_EQ(files_in(dir), std::vector<std::string>{}) << b.rule;
+  }
+}
+
 TEST(Checkpoint, DisagreeingDatasetsFailEverywhereAndWriteNothing) {
   auto& world = test::world();
   if (world.size() < 2) GTEST_SKIP() << "needs 2 ranks";
