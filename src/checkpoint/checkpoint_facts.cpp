@@ -194,7 +194,8 @@ FileFacts read_facts(hid_t file, const std::string& path) {
   h5::SilenceErrors quiet;
   const herr_t rc = H5Ovisit2(file, H5_INDEX_NAME, H5_ITER_INC, visit_cb, &w, H5O_INFO_BASIC);
   if (!w.error.empty()) throw CheckpointError(path + ": " + w.error);
-  if (rc < 0) throw CheckpointError(path + ": cannot list its objects, damaged (HDF5: " + h5::innermost_error_text() + ")");
+  if (rc < 0)
+    throw CheckpointError(path + ": cannot list its objects, damaged (HDF5: " + h5::innermost_error_text() + ")");
   return facts;
 }
 

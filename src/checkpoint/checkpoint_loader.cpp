@@ -453,7 +453,8 @@ void read_and_verify(MpiComm& comm, hid_t f, const TensorPlan& p, const std::str
       problems += "\n  R13: checksum mismatch in dataset " + p.shared[i].path;
   const std::vector<uint64_t> own_hashed = own_hasher.finish();
   for (size_t i = 0; i < p.own.size(); ++i)
-    if (verify && own_hashed[i] != p.own[i].checksum) problems += "\n  R13: checksum mismatch in dataset " + p.own[i].path;
+    if (verify && own_hashed[i] != p.own[i].checksum)
+      problems += "\n  R13: checksum mismatch in dataset " + p.own[i].path;
   if (!problems.empty())
     problems = path + ": corrupt data on rank " + std::to_string(comm.rank()) + " (the bytes it read" +
                (options.strategy == LoadStrategy::kShareExchange ? " or received" : "") +

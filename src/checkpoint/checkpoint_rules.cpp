@@ -126,10 +126,10 @@ void check_root(Report& r, const ObjectFact& root) {
       r.problem("R2: /@step is " + std::to_string(step->i) + " but the file is named for step " +
                 std::to_string(named));
   }
-  extra_attrs(r, "/", root,
-              {format::kAttrFormat, format::kAttrFormatVersion, format::kAttrFormatMinorVersion,
-               format::kAttrH5ddpVersion, format::kAttrTorchVersion, format::kAttrCreated, format::kAttrWorldSize,
-               format::kAttrStep});
+  extra_attrs(
+      r, "/", root,
+      {format::kAttrFormat, format::kAttrFormatVersion, format::kAttrFormatMinorVersion, format::kAttrH5ddpVersion,
+       format::kAttrTorchVersion, format::kAttrCreated, format::kAttrWorldSize, format::kAttrStep});
 }
 
 bool is_index(const std::string& s) {
@@ -181,8 +181,8 @@ const ObjectFact* require_object(Report& r, const std::string& p, ObjectFact::Ki
 // The fixed scalar datasets and their dtypes.
 const std::vector<std::pair<const char*, const char*>>& fixed_scalars() {
   static const std::vector<std::pair<const char*, const char*>> s = {
-      {format::kTrainStep, "int64"},  {format::kTrainEpoch, "int64"},    {format::kTrainSamplesConsumed, "int64"},
-      {format::kDataSeed, "uint64"},  {format::kDataEpoch, "int64"},     {format::kDataPosition, "int64"},
+      {format::kTrainStep, "int64"},      {format::kTrainEpoch, "int64"}, {format::kTrainSamplesConsumed, "int64"},
+      {format::kDataSeed, "uint64"},      {format::kDataEpoch, "int64"},  {format::kDataPosition, "int64"},
       {format::kDataGlobalBatch, "int64"}};
   return s;
 }
@@ -247,14 +247,15 @@ void check_rng(Report& r) {
   auto w = root->attrs.find(format::kAttrWorldSize);
   const int64_t world = w != root->attrs.end() && w->second.kind == AK::kInt64 ? w->second.i : -1;
   for (const char* p : {format::kRngCpu, format::kRngCuda}) {
-    const ObjectFact* o = p == std::string(format::kRngCpu) ? require_object(r, p, ObjectFact::Kind::kDataset)
-                                                             : r.facts.find(p);
+    const ObjectFact* o =
+        p == std::string(format::kRngCpu) ? require_object(r, p, ObjectFact::Kind::kDataset) : r.facts.find(p);
     if (!o || o->kind != ObjectFact::Kind::kDataset) continue;
     if (o->shape.size() != 2 || (world >= 1 && o->shape[0] != world))
       r.problem("R3: " + std::string(p) + " has shape " + shape_text(o->shape) + ", docs/FORMAT.md requires [" +
                 (world >= 1 ? std::to_string(world) : "world_size") + ", n]");
     else if (p == std::string(format::kRngCuda) && o->shape[1] == 0)
-      r.problem("R3: " + std::string(p) + " has no bytes per rank (absent, not empty, when no rank had a CUDA generator)");
+      r.problem("R3: " + std::string(p) +
+                " has no bytes per rank (absent, not empty, when no rank had a CUDA generator)");
   }
 }
 
@@ -352,8 +353,8 @@ void check_state_group(Report& r, const std::string& p, const std::string& type,
       if (o.dtype() != "int64" || !o.shape.empty())
         r.problem("R8: " + it->first + " must be an int64 scalar, is " + o.dtype() + " " + shape_text(o.shape));
     } else if (param && (o.dtype() != param->dtype() || o.shape != param->shape)) {
-      r.problem("R7: " + it->first + " is " + o.dtype() + " " + shape_text(o.shape) + ", " + format::kModelGroup +
-                "/" + p + " is " + param->dtype() + " " + shape_text(param->shape));
+      r.problem("R7: " + it->first + " is " + o.dtype() + " " + shape_text(o.shape) + ", " + format::kModelGroup + "/" +
+                p + " is " + param->dtype() + " " + shape_text(param->shape));
     }
   }
   for (const auto& k : want)

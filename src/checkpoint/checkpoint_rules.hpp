@@ -43,7 +43,7 @@ struct ObjectFact {
 };
 
 struct FileFacts {
-  std::string path;                            // the file, as named to the reader
+  std::string path;                           // the file, as named to the reader
   std::map<std::string, ObjectFact> objects;  // every object by absolute path ("/" for the root group)
   const ObjectFact* find(const std::string& object_path) const;
 };

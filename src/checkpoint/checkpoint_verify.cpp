@@ -91,7 +91,8 @@ std::vector<std::string> check_values(hid_t f, const std::vector<DatasetPlan>& d
     v.data.global_batch = scalar(format::kDataGlobalBatch);
     const std::string state = std::string(format::kOptimizerStateGroup) + "/";
     for (const auto& d : datasets) {
-      const std::string entry = d.path.compare(0, state.size(), state) == 0 ? format::optimizer_state_entry(d.path) : "";
+      const std::string entry =
+          d.path.compare(0, state.size(), state) == 0 ? format::optimizer_state_entry(d.path) : "";
       if (entry.size() > 5 && entry.compare(entry.size() - 5, 5, "/step") == 0)
         v.adam_steps.emplace_back(entry.substr(0, entry.size() - 5), scalar(d.path.c_str()));
     }

@@ -69,7 +69,8 @@ class OwnedState {
     ParamGroup g0, g1;
     g0.hyper = {{"lr", 1e-3}, {"betas0", 0.9}, {"betas1", 0.999}, {"eps", 1e-8}, {"weight_decay", 0}, {"amsgrad", 0}};
     g0.params = {"conv1.weight", "conv1.bias", "fc.weight"};
-    g1.hyper = {{"lr", 1e-2}, {"betas0", 0.9}, {"betas1", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.01}, {"amsgrad", 0}};
+    g1.hyper = {{"lr", 1e-2},  {"betas0", 0.9},        {"betas1", 0.999},
+                {"eps", 1e-8}, {"weight_decay", 0.01}, {"amsgrad", 0}};
     g1.params = {"big.weight"};
     state.optimizer.groups = {g0, g1};
     state.rng = rng_of(rank);
