@@ -43,6 +43,7 @@ def layer_of_include(path):
 INTERNALS_MEASURED = {
     "tools/bench/hash_bench.cpp": "times the checksum kernels themselves (XXH3 scalar vs AVX2, the hash buffer)",
     "tools/bench/async_bench.cpp": "times AsyncCheckpointer's phases (copy to host buffers, background write)",
+    "tools/bench/manifest_bench.cpp": "times the manifest read with and without docs/FORMAT.md's rules",
 }
 
 

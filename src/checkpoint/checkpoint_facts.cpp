@@ -1,6 +1,8 @@
 // What a checkpoint holds, for the rules of checkpoint_rules.cpp: read from a file in one walk of its objects
 // and attributes (read_facts), or foreseen from the state a save is about to write (facts_of_plan).
+#include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "checkpoint/checkpoint_internal.hpp"
 #include "checkpoint/checkpoint_rules.hpp"
@@ -27,7 +29,19 @@ AttrFact read_attr_fact(hid_t loc, const char* name) {
   if (H5Sget_simple_extent_npoints(s) != 1) return a;
   if (H5Tget_class(t) == H5T_STRING) {
     a.kind = AK::kString;
-    a.text = h5::read_attr_string(loc, name);
+    if (H5Tis_variable_str(t) > 0) {
+      h5::Handle mt = h5::datatype(H5Tcopy(H5T_C_S1));
+      H5DDP_CHECK_H5(H5Tset_size(mt, H5T_VARIABLE));
+      H5DDP_CHECK_H5(H5Tset_cset(mt, H5Tget_cset(t)));
+      char* p = nullptr;
+      H5DDP_CHECK_H5(H5Aread(attr, mt, &p));
+      a.text = p ? p : "";
+      H5free_memory(p);
+    } else {
+      std::vector<char> buf(H5Tget_size(t));
+      H5DDP_CHECK_H5(H5Aread(attr, t, buf.data()));
+      a.text.assign(buf.data(), strnlen(buf.data(), buf.size()));
+    }
   } else if (is_le_integer(t, 8, H5T_SGN_2)) {
     a.kind = AK::kInt64;
     H5DDP_CHECK_H5(H5Aread(attr, H5T_NATIVE_INT64, &a.i));
@@ -66,8 +80,19 @@ std::vector<std::string> read_names(hid_t ds, hid_t t, size_t n) {
   return out;
 }
 
+// The walk's state: the facts, and each dtype's HDF5 file type made once (thousands of datasets share a few).
+struct Walk {
+  FileFacts& facts;
+  std::map<std::string, h5::Handle> types;
+  hid_t type_of(const std::string& dtype) {
+    auto it = types.find(dtype);
+    if (it == types.end()) it = types.emplace(dtype, h5::file_type(dtype_from_name(dtype))).first;
+    return it->second;
+  }
+};
+
 // Shape and type of a dataset; the elements of a strings dataset named "params".
-void dataset_facts(hid_t ds, const std::string& path, ObjectFact& o) {
+void dataset_facts(Walk& w, hid_t ds, const std::string& path, ObjectFact& o) {
   h5::Handle space = h5::dataspace(H5Dget_space(ds));
   o.shape = h5::space_shape(space);
   h5::Handle t = h5::datatype(H5Dget_type(ds));
@@ -79,35 +104,43 @@ void dataset_facts(hid_t ds, const std::string& path, ObjectFact& o) {
     return;
   }
   try {
-    h5::Handle want = h5::file_type(dtype_from_name(dtype));
-    o.type_matches = H5Tequal(t, want) > 0;
+    o.type_matches = H5Tequal(t, w.type_of(dtype)) > 0;
   } catch (const Error&) {
     o.type_matches = false;  // an unknown dtype name: the rules report it
   }
 }
 
-struct Walk {
-  FileFacts* facts;
-  std::string error;
-};
+// The format nests four levels deep (/optimizer/state/<p>/<key>); deeper objects are listed, never entered, so
+// that a file whose links form a cycle cannot make the walk endless.
+constexpr int kMaxDepth = 6;
 
-herr_t visit_cb(hid_t root, const char* name, const H5O_info_t* info, void* data) {
-  auto* w = static_cast<Walk*>(data);
-  const std::string path = std::string(name) == "." ? "/" : "/" + std::string(name);
-  ObjectFact& o = w->facts->objects[path];
-  o.kind = info->type == H5O_TYPE_GROUP     ? ObjectFact::Kind::kGroup
-           : info->type == H5O_TYPE_DATASET ? ObjectFact::Kind::kDataset
-                                            : ObjectFact::Kind::kOther;
-  w->error = capture_error([&] {
-    with_context("reading " + path, [&] {
-      h5::Handle obj(H5Oopen(root, name, H5P_DEFAULT), H5Oclose);
-      H5DDP_CHECK_H5(obj.get());
-      hsize_t idx = 0;
-      H5DDP_CHECK_H5(H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, &idx, attr_cb, &o));
-      if (o.kind == ObjectFact::Kind::kDataset) dataset_facts(obj, path, o);
+herr_t link_name_cb(hid_t, const char* name, const H5L_info_t*, void* out) {
+  static_cast<std::vector<std::string>*>(out)->push_back(name);
+  return 0;
+}
+
+// Facts of the object `path` (open as `obj`) and, for a group, of everything under it.
+void walk(Walk& w, hid_t obj, const std::string& path, int depth) {
+  ObjectFact& o = w.facts.objects[path];
+  const H5I_type_t kind = H5Iget_type(obj);
+  o.kind = kind == H5I_GROUP     ? ObjectFact::Kind::kGroup
+           : kind == H5I_DATASET ? ObjectFact::Kind::kDataset
+                                 : ObjectFact::Kind::kOther;
+  hsize_t idx = 0;
+  H5DDP_CHECK_H5(H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, &idx, attr_cb, &o));
+  if (o.kind == ObjectFact::Kind::kDataset) dataset_facts(w, obj, path, o);
+  if (o.kind != ObjectFact::Kind::kGroup || depth >= kMaxDepth) return;
+  std::vector<std::string> names;
+  hsize_t at = 0;
+  H5DDP_CHECK_H5(H5Literate(obj, H5_INDEX_NAME, H5_ITER_INC, &at, link_name_cb, &names));
+  for (const auto& n : names) {
+    const std::string child = (path == "/" ? "" : path) + "/" + n;
+    with_context("reading " + child, [&] {
+      h5::Handle c(H5Oopen(obj, n.c_str(), H5P_DEFAULT), H5Oclose);
+      H5DDP_CHECK_H5(c.get());
+      walk(w, c, child, depth + 1);
     });
-  });
-  return w->error.empty() ? 0 : -1;
+  }
 }
 
 AttrFact text_attr(const std::string& v) {
@@ -151,7 +184,70 @@ ObjectFact planned_dataset(const DatasetPlan& d) {
   return o;
 }
 
+// Direct children of `group` in the facts, by name (byte order, as HDF5 lists them).
+std::vector<std::string> children_of(const FileFacts& f, const std::string& group) {
+  std::vector<std::string> out;
+  const std::string prefix = group + "/";
+  for (auto it = f.objects.lower_bound(prefix); it != f.objects.end(); ++it) {
+    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+    const std::string rest = it->first.substr(prefix.size());
+    if (rest.find('/') == std::string::npos) out.push_back(rest);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TensorInfo tensor_of(const FileFacts& f, const std::string& path, const std::string& name) {
+  const ObjectFact& o = f.objects.at(path);
+  TensorInfo t;
+  t.name = name;
+  t.dtype = dtype_from_name(o.dtype());
+  t.shape = o.shape;
+  t.checksum = o.attrs.at(format::kAttrChecksum).u;
+  return t;
+}
+
+const AttrFact& attr_of(const FileFacts& f, const std::string& object, const char* name) {
+  return f.objects.at(object).attrs.at(name);
+}
+
 }  // namespace
+
+CheckpointManifest manifest_of(const FileFacts& f) {
+  CheckpointManifest m;
+  m.path = f.path;
+  m.format_version = static_cast<int>(attr_of(f, "/", format::kAttrFormatVersion).i);
+  m.step = attr_of(f, "/", format::kAttrStep).i;
+  m.world_size = static_cast<int>(attr_of(f, "/", format::kAttrWorldSize).i);
+  m.h5ddp_version = attr_of(f, "/", format::kAttrH5ddpVersion).text;
+  m.torch_version = attr_of(f, "/", format::kAttrTorchVersion).text;
+  m.created = attr_of(f, "/", format::kAttrCreated).text;
+  for (const auto& key : children_of(f, format::kModelGroup))
+    m.model.push_back(tensor_of(f, format::model_dataset(key), key));
+  m.optimizer_type = attr_of(f, format::kOptimizerGroup, format::kAttrOptimizerType).text;
+  for (size_t i = 0; i < children_of(f, format::kParamGroupsGroup).size(); ++i) {
+    const std::string g = format::param_group_path(i);
+    ParamGroup pg;
+    for (const auto& [k, a] : f.objects.at(g).attrs)
+      if (a.kind == AttrFact::Kind::kFloat64) pg.hyper[k] = a.d;
+    if (const ObjectFact* names = f.find(g + "/" + format::kParamNamesDataset)) pg.params = names->strings;
+    m.param_groups.push_back(std::move(pg));
+  }
+  static const std::set<std::string> known = {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step"};
+  for (const auto& param : children_of(f, format::kOptimizerStateGroup))
+    for (const auto& key : children_of(f, std::string(format::kOptimizerStateGroup) + "/" + param))
+      if (known.count(key))  // others: a newer revision's optional additions (the rules refuse them otherwise)
+        m.optimizer_state.push_back(
+            tensor_of(f, format::optimizer_state_dataset(param + "/" + key), param + "/" + key));
+  if (f.find(format::kUserGroup))
+    for (const auto& key : children_of(f, format::kUserGroup))
+      m.user.push_back(tensor_of(f, format::user_dataset(key), key));
+  m.rng_cpu_bytes = static_cast<size_t>(f.objects.at(format::kRngCpu).shape.at(1));
+  if (const ObjectFact* cuda = f.find(format::kRngCuda)) m.rng_cuda_bytes = static_cast<size_t>(cuda->shape.at(1));
+  for (const auto* list : {&m.model, &m.optimizer_state, &m.user})
+    for (const auto& t : *list) m.tensor_bytes += t.nbytes();
+  return m;
+}
 
 FileFacts facts_of_plan(const SavePlan& plan, const TrainState& state, int world, const std::string& path) {
   FileFacts f;
@@ -190,12 +286,14 @@ FileFacts facts_of_plan(const SavePlan& plan, const TrainState& state, int world
 FileFacts read_facts(hid_t file, const std::string& path) {
   FileFacts facts;
   facts.path = path;
-  Walk w{&facts, ""};
+  Walk w{facts, {}};
   h5::SilenceErrors quiet;
-  const herr_t rc = H5Ovisit2(file, H5_INDEX_NAME, H5_ITER_INC, visit_cb, &w, H5O_INFO_BASIC);
-  if (!w.error.empty()) throw CheckpointError(path + ": " + w.error);
-  if (rc < 0)
-    throw CheckpointError(path + ": cannot list its objects, damaged (HDF5: " + h5::innermost_error_text() + ")");
+  try {
+    h5::Handle root = h5::group(H5Gopen2(file, "/", H5P_DEFAULT));
+    walk(w, root, "/", 0);
+  } catch (const Error& e) {
+    throw CheckpointError(path + ": cannot read its layout, damaged: " + e.what());
+  }
   return facts;
 }
 

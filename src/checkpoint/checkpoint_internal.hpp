@@ -194,9 +194,10 @@ h5::Handle open_checkpoint(MpiComm* comm, const std::string& path);
 // Test-only: how many files open_checkpoint has opened (H5Fopen) in this process so far; a test asserts that a
 // resume opens its checkpoint exactly once per rank.
 int checkpoint_opens();
-// Throws CheckpointError listing every problem of the file's layout against docs/FORMAT.md's rules (damage: a
-// loader refuses the file before it compares it with anything).
-void require_valid_layout(hid_t file, const std::string& path);
+// The manifest of a file whose layout keeps docs/FORMAT.md's rules, from one walk of its metadata; throws
+// CheckpointError listing every problem otherwise (damage: a loader refuses the file before it compares it with
+// anything).
+CheckpointManifest read_valid_manifest(hid_t file, const std::string& path);
 // One message of several problems (each one line naming the file), or the one.
 std::string joined_problems(const std::vector<std::string>& problems);
 // Reads the manifest from an open file (collective when the file was opened collectively).

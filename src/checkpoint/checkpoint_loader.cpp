@@ -529,8 +529,7 @@ void load_checkpoint(MpiComm& comm, const std::string& path, const LoadDestinati
   TrainState loaded;
   // Damage first (docs/FORMAT.md "Loading"): only a valid file can be another model.
   comm.rethrow_first(ckpt::checkpoint_error_of([&] {
-    ckpt::require_valid_layout(f, path);
-    m = ckpt::read_manifest_from(f, path);
+    m = ckpt::read_valid_manifest(f, path);
     loaded = read_small_state(f, m, path);
     check_values(m, loaded, {}, path);
   }));

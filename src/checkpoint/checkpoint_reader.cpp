@@ -154,9 +154,11 @@ std::string joined_problems(const std::vector<std::string>& problems) {
   return out;
 }
 
-void require_valid_layout(hid_t f, const std::string& path) {
-  const auto problems = rule_problems(read_facts(f, path), nullptr);
+CheckpointManifest read_valid_manifest(hid_t f, const std::string& path) {
+  const FileFacts facts = read_facts(f, path);
+  const auto problems = rule_problems(facts, nullptr);
   if (!problems.empty()) throw CheckpointError(joined_problems(problems));
+  return manifest_of(facts);
 }
 
 CheckpointManifest read_manifest_from(hid_t f, const std::string& path) {

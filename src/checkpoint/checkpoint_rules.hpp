@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "h5ddp/checkpoint.hpp"
 #include "h5ddp/train_state.hpp"
 
 namespace h5ddp::ckpt {
@@ -51,6 +52,9 @@ struct FileFacts {
 // Reads the facts of an open file: one walk of every object and attribute, metadata only (collective when the
 // file was opened collectively). Throws only when HDF5 cannot read the file's metadata at all.
 FileFacts read_facts(hid_t file, const std::string& path);
+
+// Pure. The manifest of a valid file's facts (one walk of the file serves the rules and the load).
+CheckpointManifest manifest_of(const FileFacts& facts);
 
 // Pure. Every problem of the facts against FORMAT.md (required objects and attributes, types, R2-R7, R9, R12-R17),
 // one line each naming the file, the rule and the object; objects or attributes this reader does not know in a file

@@ -60,9 +60,10 @@ std::vector<std::string> check_structure(hid_t f, const std::string& path, std::
                                          std::vector<std::string>* notes) {
   std::vector<std::string> problems;
   std::string e = capture_error([&] {
-    problems = rule_problems(read_facts(f, path), notes);
+    const FileFacts facts = read_facts(f, path);
+    problems = rule_problems(facts, notes);
     if (!problems.empty()) return;  // the manifest needs a valid layout
-    *datasets = manifest_datasets(f, read_manifest_from(f, path));
+    *datasets = manifest_datasets(f, manifest_of(facts));
   });
   if (!e.empty()) problems.insert(problems.begin(), e);
   return problems;

@@ -100,7 +100,7 @@ class Bench {
     fingerprint_ = fingerprint(arena_.get(), bytes_);
     const int layers = o.tensors / 3;
     ParamGroup group;
-    group.hyper = {{"lr", 1e-3}, {"betas0", 0.9}, {"betas1", 0.999}, {"eps", 1e-8}, {"weight_decay", 0}};
+    group.hyper = {{"lr", 1e-3}, {"betas0", 0.9}, {"betas1", 0.999}, {"eps", 1e-8}, {"weight_decay", 0}, {"amsgrad", 0}};
     for (int i = 0; i < o.tensors; ++i) {
       const std::string param = "layers." + std::to_string(i % layers) + ".weight";
       const char* keys[] = {"", "/exp_avg", "/exp_avg_sq"};
@@ -113,6 +113,11 @@ class Bench {
         state_.optimizer.state.push_back(t);
       }
     }
+    // Adam's int64 step per parameter (docs/FORMAT.md: a state group is complete); 8 bytes each, not in the arena.
+    steps_.assign(layers, 1000);
+    for (int i = 0; i < layers; ++i)
+      state_.optimizer.state.push_back(TensorRef{"layers." + std::to_string(i) + ".weight/step", DType::kI64, {},
+                                                 &steps_[i]});
     state_.optimizer.type = "adam";
     state_.optimizer.groups = {group};
     state_.counters.step = 1000;
@@ -299,6 +304,7 @@ class Bench {
   size_t bytes_ = 0;
   std::unique_ptr<uint8_t, Free> arena_;
   uint64_t fingerprint_ = 0;
+  std::vector<int64_t> steps_;  // Adam steps (state_ points into it)
   TrainState state_;
 };
 
