@@ -148,6 +148,7 @@ TEST(BindingErrors, AnotherModelsCheckpointListsEveryDifference) {
   TorchStateBinding saver(*mlp, *mlp_opt, "adam");
   TrainState saved;
   saver.export_state(saved);
+  saved.counters.step = 1;  // the step taken (docs/FORMAT.md R8: no Adam step beyond /train/step)
   const SaveResult r = save_checkpoint(comm, saved, dir);
 
   auto cnn = make_model(ModelSpec{"cnn", 0.0, {}});

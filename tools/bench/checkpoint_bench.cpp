@@ -100,7 +100,8 @@ class Bench {
     fingerprint_ = fingerprint(arena_.get(), bytes_);
     const int layers = o.tensors / 3;
     ParamGroup group;
-    group.hyper = {{"lr", 1e-3}, {"betas0", 0.9}, {"betas1", 0.999}, {"eps", 1e-8}, {"weight_decay", 0}, {"amsgrad", 0}};
+    group.hyper = {{"lr", 1e-3},  {"betas0", 0.9},     {"betas1", 0.999},
+                   {"eps", 1e-8}, {"weight_decay", 0}, {"amsgrad", 0}};
     for (int i = 0; i < o.tensors; ++i) {
       const std::string param = "layers." + std::to_string(i % layers) + ".weight";
       const char* keys[] = {"", "/exp_avg", "/exp_avg_sq"};
@@ -116,8 +117,8 @@ class Bench {
     // Adam's int64 step per parameter (docs/FORMAT.md: a state group is complete); 8 bytes each, not in the arena.
     steps_.assign(layers, 1000);
     for (int i = 0; i < layers; ++i)
-      state_.optimizer.state.push_back(TensorRef{"layers." + std::to_string(i) + ".weight/step", DType::kI64, {},
-                                                 &steps_[i]});
+      state_.optimizer.state.push_back(
+          TensorRef{"layers." + std::to_string(i) + ".weight/step", DType::kI64, {}, &steps_[i]});
     state_.optimizer.type = "adam";
     state_.optimizer.groups = {group};
     state_.counters.step = 1000;
