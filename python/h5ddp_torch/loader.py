@@ -15,7 +15,9 @@ from .h5 import open_file
 from .reader import read_dataset, read_manifest
 from .rules import decode_names
 from .sampler import DataState
-from .state import from_numpy, model_tensors, optimizer_type, param_names, restore_rng, torch_dtype, user_tensor
+from . import zero
+from .state import (file_groups, file_state, from_numpy, model_tensors, optimizer_type, param_names, restore_rng,
+                    torch_dtype, user_tensor)
 
 
 @dataclass
@@ -38,8 +40,9 @@ def _summary(problems):
     return problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
 
 
-def _read_file(path):
-    """(manifest, {dataset path: (dtype, array)}) of a valid file, every dataset read and its checksum verified.
+def _read_file(path, keep=None):
+    """(manifest, {dataset path: (dtype, array)}) of a valid file, every dataset (those keep(path) accepts, when
+    given) read and its checksum verified.
     Any problem (rules.py: every rule, checked before reading a tensor; then the checksums and R8/R10 on the
     values read) raises CheckpointError: the file is damaged, whatever model it holds."""
     with open_file(path) as f:
@@ -48,7 +51,7 @@ def _read_file(path):
             if verdict.problems:
                 raise CheckpointError(_summary(verdict.problems))
             m = read_manifest(f, path, verdict.datasets)
-            arrays = {d: read_dataset(f, path, d) for d in m.datasets}
+            arrays = {d: read_dataset(f, path, d) for d in m.datasets if keep is None or keep(d)}
         except (OSError, KeyError, ValueError, TypeError) as e:
             raise CheckpointError(f"{path}: damaged or truncated ({str(e).splitlines()[0] if str(e) else e})") \
                 from None
@@ -131,32 +134,20 @@ def _compare_groups(path, m, arrays, model, optimizer):
 
 def _plan_optimizer(path, m, arrays, model, optimizer):
     """The optimizer state dict to load, built from the file (state keyed by name -> PyTorch's indices)."""
+    if zero.is_zero(optimizer):
+        return zero.plan_load(path, m, arrays, model, optimizer)
     index_of = _compare_groups(path, m, arrays, model, optimizer)
-    state = {}
-    for pname, keys in m.state.items():
-        s = {}
-        for k in keys:
-            dtype, a = arrays[fmt.optimizer_state_dataset(pname, k)]
-            # PyTorch keeps Adam's step as a float32 tensor, the file as an int64 scalar (R8)
-            s[k] = torch.tensor(float(a[()])) if k == fmt.STEP_STATE_KEY else from_numpy(a, dtype).clone()
-        state[index_of[pname]] = s
-    groups = []
-    for (hyper, _), sg in zip(m.groups, optimizer.state_dict()["param_groups"]):
-        g = dict(sg)
-        for k, v in hyper.items():
-            if k in g:
-                g[k] = bool(v) if isinstance(sg[k], bool) else v
-        if "betas0" in hyper and "betas" in g:
-            g["betas"] = (hyper["betas0"], hyper["betas1"])
-        groups.append(g)
-    return {"state": state, "param_groups": groups}
+    state = {index_of[pname]: file_state(arrays, pname, keys) for pname, keys in m.state.items()}
+    return {"state": state, "param_groups": file_groups(m.groups, optimizer.state_dict()["param_groups"])}
 
 
 def _plan(path, model, optimizer, user, weights_only):
     """(manifest, arrays, tensor copies, optimizer state dict or None) of a valid file that fits; raises."""
-    m, arrays = _read_file(path)
-    copies = _plan_model(path, m, arrays, model)
     with_optimizer = optimizer is not None and not weights_only
+    # a ZeRO rank reads (and verifies) only its own partition's optimizer state
+    m, arrays = _read_file(path, zero.wanted(model, optimizer) if with_optimizer and zero.is_zero(optimizer)
+                           else None)
+    copies = _plan_model(path, m, arrays, model)
     opt_sd = _plan_optimizer(path, m, arrays, model, optimizer) if with_optimizer else None
     copies += _plan_user(path, m, arrays, user)
     return m, arrays, copies, opt_sd
@@ -199,7 +190,9 @@ def load(path, model, optimizer=None, *, comm=None, rng=True, weights_only=False
     with torch.no_grad():
         for t, (dtype, a) in copies:
             t.copy_(from_numpy(a, dtype).to(t.device))
-    if opt_sd is not None:
+    if opt_sd is not None and zero.is_zero(optimizer):
+        zero.apply_load(optimizer, opt_sd)  # this rank's partition only
+    elif opt_sd is not None:
         optimizer.load_state_dict(opt_sd)
     result = _result(path, m, arrays)
     if rng and not weights_only:

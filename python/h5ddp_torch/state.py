@@ -118,7 +118,11 @@ def _hyper(kind, group):
 def optimizer_entries(model, optimizer):
     """(type, groups, state) of `optimizer` over `model`'s parameters: groups is [(hyper dict, [names])],
     state is [(param name, key, tensor)] in the model's parameter order (Adam's step as an int64 scalar)."""
-    kind = optimizer_type(optimizer)
+    from .zero import is_zero, zero_type
+    # A ZeroRedundancyOptimizer: groups of the wrapper (every parameter), state of its local optimizer (this
+    # rank's partition); the writer marks those datasets as this rank's (zero.shard_items).
+    local = optimizer.optim if is_zero(optimizer) else optimizer
+    kind = zero_type(optimizer) if is_zero(optimizer) else optimizer_type(optimizer)
     if not kind:
         return "", [], []
     names = param_names(model)
@@ -130,13 +134,13 @@ def optimizer_entries(model, optimizer):
             raise CheckpointError("the optimizer holds a tensor that is not a parameter of the model") from None
         groups.append(({k: float(v) for k, v in _hyper(kind, g).items()}, group_names))
     state = []
-    by_name = {names[id(p)]: p for g in optimizer.param_groups for p in g["params"]}
+    by_name = {names[id(p)]: p for g in local.param_groups for p in g["params"]}
     order = [n for n, _ in unwrap(model).named_parameters()]
     for n in (strip_module_prefix(n) for n in order):
         p = by_name.get(n)
-        if p is None or p not in optimizer.state or not optimizer.state[p]:
+        if p is None or p not in local.state or not local.state[p]:
             continue
-        s = optimizer.state[p]
+        s = local.state[p]
         for key in fmt.STATE_KEYS[kind]:
             v = s.get(key)
             if v is None:
@@ -145,6 +149,31 @@ def optimizer_entries(model, optimizer):
                 v = torch.tensor(int(v.item() if torch.is_tensor(v) else v), dtype=torch.int64)
             state.append((n, key, v))
     return kind, groups, state
+
+
+def file_state(arrays, pname, keys):
+    """One parameter's optimizer state from the arrays read: {key: tensor} (Adam's step: the file's int64 scalar
+    as the float32 tensor PyTorch keeps)."""
+    s = {}
+    for k in keys:
+        dtype, a = arrays[fmt.optimizer_state_dataset(pname, k)]
+        s[k] = torch.tensor(float(a[()])) if k == fmt.STEP_STATE_KEY else from_numpy(a, dtype).clone()
+    return s
+
+
+def file_groups(file_groups_, sd_groups):
+    """The param groups of an optimizer state dict (`sd_groups`, PyTorch's) with the file's hyperparameters
+    (`file_groups_`: [(hyper dict, ...)] of the manifest)."""
+    groups = []
+    for (hyper, _), sg in zip(file_groups_, sd_groups):
+        g = dict(sg)
+        for k, v in hyper.items():
+            if k in g:
+                g[k] = bool(v) if isinstance(sg[k], bool) else v
+        if "betas0" in hyper and "betas" in g:
+            g["betas"] = (hyper["betas0"], hyper["betas1"])
+        groups.append(g)
+    return groups
 
 
 def rng_states():

@@ -21,6 +21,7 @@ import xxhash
 from . import __version__
 from . import format as fmt
 from . import h5
+from . import zero
 from .comm import get_comm
 from .commit import apply_retention, fsync_path, write_latest
 from .errors import CheckpointError, DisagreementError
@@ -47,6 +48,7 @@ class _Item:
     dtype: str         # h5ddp dtype name, or "string"
     tensor: bool       # model/optimizer/user tensor: hashed by the rank that writes it
     checksum: int = 0
+    owner: int = -1    # >= 0: held by that rank only (ZeRO state), written whole by it, not compared (zero.py)
 
     @property
     def nbytes(self):
@@ -213,12 +215,15 @@ def compute_segments(items, world):
     """[(item index, rank, row_begin, row_end)]: the concatenated bytes of all datasets split into `world`
     contiguous shares at row granularity (a row belongs to the share holding its first byte); the same split as
     the C++ writer's (src/checkpoint/checkpoint_plan.cpp)."""
-    total = sum(d.nbytes for d in items)
+    total = sum(d.nbytes for d in items if d.owner < 0)
     bound = [total * r // world for r in range(world + 1)]
     out, offset = [], 0
     for i, d in enumerate(items):
         rows, rb, n = d.rows, d.row_bytes, d.nbytes
         if n == 0:
+            continue
+        if d.owner >= 0:  # held by one rank only: written whole by it, outside the shares
+            out.append((i, d.owner, 0, rows))
             continue
 
         def first_row(r):
@@ -252,7 +257,7 @@ def _agree_on_plan(comm, items, structure):
         seen = "; ".join(f"rank {r}: {n} datasets, structure hash {s:#x}" for r, (s, n) in enumerate(all_structures))
         raise DisagreementError("ranks disagree on the checkpoint's datasets (names, dtypes, shapes) or attributes; "
                                 f"no file written: {seen}")
-    mine = [_sample_hash(d.array) for d in items]
+    mine = [_sample_hash(d.array) if d.owner < 0 else 0 for d in items]
     differ = [items[i].path for i, col in enumerate(zip(*comm.allgather(mine))) if len(set(col)) != 1]
     if differ:
         raise DisagreementError("replicated state differs between ranks; no file written: " + ", ".join(differ))
@@ -334,6 +339,8 @@ def _plan(comm, model, optimizer, step, epoch, samples_consumed, data, user, sch
     if kind:
         meta.setdefault("optimizer", kind)
     items += _rng_items(comm)
+    if zero.is_zero(optimizer):
+        items = zero.shard_items(comm, model, items, lambda p, a, t, r: _Item(p, a, t, True, owner=r))
     _agree_on_plan(comm, items, _describe(items, kind, groups, scheduler, meta))
     segments = compute_segments(items, comm.size)
     pieces = [0] * len(items)

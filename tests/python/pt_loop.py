@@ -62,6 +62,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=16, help="global batch")
     p.add_argument("--save-every", type=int, default=0)
     p.add_argument("--losses", help="rank 0 writes {step: loss} (mean over ranks, full precision) here")
+    p.add_argument("--zero", action="store_true", help="Adam inside torch's ZeroRedundancyOptimizer (ZeRO-1)")
     a = p.parse_args()
     torch.set_num_threads(1)
     rank, world = h5ddp_torch.init_from_mpi("gloo")
@@ -69,13 +70,22 @@ def main():
 
     torch.manual_seed(SEED)
     model = torch.nn.parallel.DistributedDataParallel(cnn())
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    if a.zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=LR)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=LR)
     torch.manual_seed(SEED + rank)  # rank r's dropout stream, as h5ddp-train seeds it
     os.makedirs(a.run_dir, exist_ok=True)
     r = h5ddp_torch.resume(a.run_dir, model, opt)
     step, data = (r.step, r.data) if r else (0, h5ddp_torch.DataState(SEED, 0, 0, a.batch_size))
     if rank == 0:
         print(f"resumed from {r.path} at step {step}" if r else "fresh start", flush=True)
+    if a.zero and r:  # what this rank holds after the resume: its partition's state only
+        local = opt.optim
+        held = sum(1 for g in local.param_groups for p in g["params"] if local.state.get(p))
+        owned = sum(len(g["params"]) for g in local.param_groups)
+        print(f"zero rank {rank}: state of {held} params, owns {owned}, lr {local.param_groups[0]['lr']}", flush=True)
     sampler = h5ddp_torch.DistributedSampler(len(labels), data.global_batch, data.seed, world, rank)
     losses = {}
     model.train()
