@@ -85,7 +85,11 @@ def main():
         local = opt.optim
         held = sum(1 for g in local.param_groups for p in g["params"] if local.state.get(p))
         owned = sum(len(g["params"]) for g in local.param_groups)
-        print(f"zero rank {rank}: state of {held} params, owns {owned}, lr {local.param_groups[0]['lr']}", flush=True)
+        lines = [None] * world
+        torch.distributed.all_gather_object(lines, f"state of {held} params, owns {owned}, "
+                                                   f"lr {local.param_groups[0]['lr']}")
+        if rank == 0:
+            print("".join(f"zero rank {r}: {ln}\n" for r, ln in enumerate(lines)), end="", flush=True)
     sampler = h5ddp_torch.DistributedSampler(len(labels), data.global_batch, data.seed, world, rank)
     losses = {}
     model.train()

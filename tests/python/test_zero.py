@@ -1,0 +1,165 @@
+"""torch's ZeroRedundancyOptimizer (ZeRO-1) checkpointed with h5ddp_torch, no consolidation (issue 41): the CNN/Adam
+loop of pt_loop.py with --zero (gloo, under mpirun), global batch 24 so that 2 and 3 ranks both divide it.
+
+  1  2 ranks stop after step 3 and resume to step 6: the step-6 file equals the uninterrupted run's, every
+     /model and /optimizer dataset byte for byte (and every other dataset);
+  2  the ZeRO files equal, every dataset byte for byte, the files a plain torch.optim.Adam job of the same steps
+     writes;
+  3  the 2-rank ZeRO step-3 file resumed by 3 ZeRO ranks: each rank holds only its partition, the losses match
+     a plain-Adam 3-rank resume of the same file within 1e-5 and so do the step-6 files;
+  4  h5ddp-train --shard-optimizer's step-3 file resumed by the ZeRO job (losses within 1e-5 of h5ddp-train's own
+     logged ones, step-6 states within 1e-5), and the ZeRO job's step-3 file resumed by h5ddp-train
+     --shard-optimizer (the same against the ZeRO run);
+  5  h5ddp-ckpt verify and h5ddp_torch.verify accept the ZeRO files."""
+import json
+import os
+import shutil
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import pt_loop  # noqa: E402  (puts python/ and tests/interop on sys.path)
+import interop_common as ic  # noqa: E402
+import h5ddp_torch  # noqa: E402
+
+sys.path.insert(0, os.path.join(HERE, "..", "support"))
+import h5ddp_test as ht  # noqa: E402
+
+TOL = 1e-5
+STEPS, AT, BATCH = 6, 3, 24
+N_PARAMS = 8  # the CNN's parameter tensors
+
+
+def pt_run(args, n, run_dir, steps, zero=True):
+    """(stdout, {step: loss}) of the PyTorch loop on n ranks run (or resumed) to `steps`, saving every step."""
+    losses = run_dir + ".json"
+    cmd = ic.mpi(args, n, sys.executable, os.path.join(HERE, "pt_loop.py"), "--run-dir", run_dir, "--max-steps",
+                 str(steps), "--save-every", "1", "--batch-size", str(BATCH), "--losses", losses,
+                 *(["--zero"] if zero else []))
+    p = ic.run(cmd, timeout=120)
+    with open(losses) as f:
+        return p.stdout, {int(k): v for k, v in json.load(f).items()}
+
+
+def cpp_run(args, run_dir):
+    p = ic.run(ic.mpi(args, 2, args.train, "--run-dir", run_dir, "--threads", "1", "--no-eval", "--max-steps",
+                      str(STEPS), "--batch-size", str(BATCH), "--no-fsync", "--keep-last", "0", "--log-every", "1",
+                      "--checkpoint-every-steps", "1", "--shard-optimizer"), timeout=120)
+    return p.stdout + p.stderr
+
+
+def logged_losses(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    return {r["step"]: r["loss"] for r in recs if r["event"] == "train"}
+
+
+def ckpt(run_dir, step):
+    return os.path.join(run_dir, f"ckpt-{step:08d}.h5")
+
+
+def resumed_copy(src_dir, dst_dir):
+    os.makedirs(dst_dir)
+    shutil.copy(ckpt(src_dir, AT), dst_dir)
+
+
+def same_bytes(a, b, groups=None):
+    c = ht.compare_checkpoints(a, b, groups=groups)
+    assert c.ok, f"{a} vs {b}: {c}"
+
+
+def close_states(a, b):
+    c = ht.compare_checkpoints(a, b, atol=TOL, groups=("model", "optimizer/state"))
+    assert c.ok, f"{a} vs {b}: {c}"
+    c = ht.compare_checkpoints(a, b, groups=("data", "train/step", "rng/cpu"))
+    assert c.ok, f"{a} vs {b}: {c}"
+
+
+def held_params(out, n):
+    """The 'zero rank r: state of k params, owns m' lines of a resumed ZeRO run: each rank holds exactly its own
+    partition, and the partitions cover the model once."""
+    lines = [ln for ln in out.splitlines() if ln.startswith("zero rank ")]
+    assert len(lines) == n, out
+    held = [int(ln.split("state of ")[1].split()[0]) for ln in lines]
+    owns = [int(ln.split("owns ")[1].split(",")[0]) for ln in lines]
+    assert held == owns and sum(owns) == N_PARAMS, lines
+    return held
+
+
+def close_losses(what, got, want):
+    assert sorted(got) == sorted(want), (got, want)
+    worst = max(abs(got[k] - want[k]) for k in got)
+    print(f"{what}: steps {sorted(got)}, max |loss difference| {worst:.3g}")
+    assert worst <= TOL, f"{what}: {got} vs {want}"
+
+
+def kill_resume(args, w):
+    """1 and 2."""
+    _, z = pt_run(args, 2, w("z"), STEPS)
+    pt_run(args, 2, w("k"), AT)
+    out, k = pt_run(args, 2, w("k"), STEPS)
+    assert f"resumed from {ckpt(w('k'), AT)} at step {AT}" in out, out
+    print(f"1: 2-rank ZeRO resume holds {held_params(out, 2)} parameters' state per rank")
+    same_bytes(ckpt(w("k"), STEPS), ckpt(w("z"), STEPS), groups=("model", "optimizer"))
+    same_bytes(ckpt(w("k"), STEPS), ckpt(w("z"), STEPS))
+    assert all(k[s] == z[s] for s in k), (k, z)
+    print("1: stop at step 3 + resume == uninterrupted, step-6 file bitwise (/model, /optimizer, all datasets)")
+    _, p = pt_run(args, 2, w("p"), STEPS, zero=False)
+    for s in range(1, STEPS + 1):
+        same_bytes(ckpt(w("z"), s), ckpt(w("p"), s))
+    assert p == z, (p, z)
+    print("2: ZeRO files == plain Adam files, steps 1-6, every dataset bitwise; losses identical")
+    return z
+
+
+def world_change(args, w):
+    """3."""
+    resumed_copy(w("z"), w("z3"))
+    resumed_copy(w("z"), w("p3"))
+    out, z3 = pt_run(args, 3, w("z3"), STEPS)
+    print(f"3: 3-rank ZeRO resume of the 2-rank file holds {held_params(out, 3)} parameters' state per rank")
+    _, p3 = pt_run(args, 3, w("p3"), STEPS, zero=False)
+    close_losses("3: 2->3 ranks, ZeRO vs plain Adam", z3, p3)
+    close_states(ckpt(w("z3"), STEPS), ckpt(w("p3"), STEPS))
+
+
+def with_h5ddp_train(args, w, z):
+    """4."""
+    cpp_run(args, w("c"))
+    cpp = logged_losses(w("c"))
+    resumed_copy(w("c"), w("cz"))
+    out, cz = pt_run(args, 2, w("cz"), STEPS)
+    assert f"resumed from {ckpt(w('cz'), AT)} at step {AT}" in out, out
+    held_params(out, 2)
+    close_losses("4: h5ddp-train --shard-optimizer -> ZeRO", cz, {s: cpp[s] for s in cz})
+    close_states(ckpt(w("cz"), STEPS), ckpt(w("c"), STEPS))
+    resumed_copy(w("z"), w("zc"))
+    out = cpp_run(args, w("zc"))
+    assert f"resumed from {ckpt(w('zc'), AT)} at step {AT}" in out, out
+    zc = logged_losses(w("zc"))
+    close_losses("4: ZeRO -> h5ddp-train --shard-optimizer", zc, {s: z[s] for s in zc})
+    close_states(ckpt(w("zc"), STEPS), ckpt(w("z"), STEPS))
+
+
+def verify_all(args, paths):
+    """5."""
+    for path in paths:
+        out = ic.run([args.ckpt, "verify", path], timeout=60).stdout
+        assert out.startswith("OK"), out
+        problems = h5ddp_torch.verify(path)
+        assert problems == [], f"h5ddp_torch.verify rejects {path}: {problems}"
+    print(f"5: h5ddp-ckpt verify and h5ddp_torch.verify accept {len(paths)} ZeRO files")
+
+
+def main():
+    args = ic.parse_args(__doc__)
+    with ic.Scratch(args, "zero") as w:
+        z = kill_resume(args, w)
+        world_change(args, w)
+        with_h5ddp_train(args, w, z)
+        verify_all(args, [ckpt(w(d), s) for d in ("z", "k", "z3", "cz") for s in (AT, STEPS)])
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
