@@ -465,7 +465,8 @@ def _commit(comm, run_dir, name, fsync, keep_last, keep_every):
 def save(run_dir, model, optimizer=None, *, step, data=None, epoch=None, samples_consumed=None, scheduler=None,
          meta=None, user=None, keep_last=3, keep_every=0, fsync=True, name=None, comm=None):
     """Collective: every rank of the job calls it with its replica of the model and optimizer (DDP keeps them
-    equal; a difference is an error and nothing is written). Writes <run_dir>/ckpt-<step>.h5 (or `name`) and
+    equal; a difference is an error and nothing is written); a ZeroRedundancyOptimizer's state is written by the
+    ranks that own it (zero.py). Writes <run_dir>/ckpt-<step>.h5 (or `name`) and
     moves `latest`, then keeps the `keep_last` newest checkpoints (0: all) and every step multiple of
     `keep_every`.
 

@@ -10,7 +10,8 @@ loop of pt_loop.py with --zero (gloo, under mpirun), global batch 24 so that 2 a
   4  h5ddp-train --shard-optimizer's step-3 file resumed by the ZeRO job (losses within 1e-5 of h5ddp-train's own
      logged ones, step-6 states within 1e-5), and the ZeRO job's step-3 file resumed by h5ddp-train
      --shard-optimizer (the same against the ZeRO run);
-  5  h5ddp-ckpt verify and h5ddp_torch.verify accept the ZeRO files."""
+  5  h5ddp-ckpt verify and h5ddp_torch.verify accept the ZeRO files; a flipped value in one parameter's state
+     (read by its owner only) makes the ZeRO load fail on every rank, naming the dataset, nothing touched."""
 import json
 import os
 import shutil
@@ -151,6 +152,21 @@ def verify_all(args, paths):
     print(f"5: h5ddp-ckpt verify and h5ddp_torch.verify accept {len(paths)} ZeRO files")
 
 
+def damaged_refused(args, w, src):
+    """5: the state of one parameter altered (its checksum left as it was)."""
+    import h5py
+    bad = w("damaged.h5")
+    shutil.copy(src, bad)
+    dataset = "/optimizer/state/conv1.bias/exp_avg"
+    with h5py.File(bad, "r+") as f:
+        f[dataset][0] += 1.0
+    out = ic.run(ic.mpi(args, 2, sys.executable, os.path.join(HERE, "zero_load_check.py"), "--file", bad,
+                        "--expect", f"checksum mismatch in dataset {dataset}"), timeout=120).stdout
+    lines = [ln for ln in out.splitlines() if ln.startswith(("REFUSED", "WRONG"))]
+    assert len(lines) == 2 and all(ln.startswith("REFUSED") for ln in lines), out
+    print(f"5: a damaged {dataset} is refused by both ZeRO ranks, model and optimizer untouched")
+
+
 def main():
     args = ic.parse_args(__doc__)
     with ic.Scratch(args, "zero") as w:
@@ -158,6 +174,7 @@ def main():
         world_change(args, w)
         with_h5ddp_train(args, w, z)
         verify_all(args, [ckpt(w(d), s) for d in ("z", "k", "z3", "cz") for s in (AT, STEPS)])
+        damaged_refused(args, w, ckpt(w("z"), STEPS))
     print("PASS")
 
 
