@@ -169,8 +169,8 @@ def _result(path, m, arrays):
 def load(path, model, optimizer=None, *, comm=None, rng=True, weights_only=False, user=None):
     """Collective. Loads checkpoint `path` into `model` (a DistributedDataParallel wrapper or the module inside;
     "module." prefixes are handled) and `optimizer` (torch.optim.Adam, AdamW or SGD; its hyperparameters come
-    from the file too; a ZeroRedundancyOptimizer wrapping one: each rank reads and loads its partition's state), restores this rank's RNG row (rng=True) and returns a LoadResult with the counters,
-    the data position, scheduler values, meta and user tensors. weights_only=True loads only the model.
+    from the file too; a ZeroRedundancyOptimizer wrapping one: each rank reads and loads its partition's state),
+    restores this rank's RNG row (rng=True) and returns a LoadResult with the counters, the data position, scheduler values, meta and user tensors. weights_only=True loads only the model.
     user: {name: tensor or number} the caller tracks (as save's `user`): the file's /user must hold exactly
     these names with these dtypes and shapes, and the tensors are filled in place (None: not compared).
     Every rank reads and verifies the whole file before touching anything; any problem raises on every rank:

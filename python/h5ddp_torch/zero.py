@@ -90,7 +90,8 @@ def shard_items(comm, model, items, make_item):
         if r != comm.rank:
             sharded += [make_item(path, np.broadcast_to(np.zeros((), dtype=np.dtype(npd)), shape), dtype, r)
                         for path, dtype, npd, shape in lst]
-    sharded.sort(key=lambda d: _order(model)(d.path))
+    order = _order(model)
+    sharded.sort(key=lambda d: order(d.path))
     cut = max([i + 1 for i, d in enumerate(rest) if d.path.startswith(fmt.MODEL_GROUP + "/")] + [0])
     return rest[:cut] + sharded + rest[cut:]
 
