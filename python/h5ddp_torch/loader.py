@@ -170,10 +170,12 @@ def load(path, model, optimizer=None, *, comm=None, rng=True, weights_only=False
     """Collective. Loads checkpoint `path` into `model` (a DistributedDataParallel wrapper or the module inside;
     "module." prefixes are handled) and `optimizer` (torch.optim.Adam, AdamW or SGD; its hyperparameters come
     from the file too; a ZeroRedundancyOptimizer wrapping one: each rank reads and loads its partition's state),
-    restores this rank's RNG row (rng=True) and returns a LoadResult with the counters, the data position, scheduler values, meta and user tensors. weights_only=True loads only the model.
+    restores this rank's RNG row (rng=True) and returns a LoadResult with the counters, the data position,
+    scheduler values, meta and user tensors. weights_only=True loads only the model.
     user: {name: tensor or number} the caller tracks (as save's `user`): the file's /user must hold exactly
     these names with these dtypes and shapes, and the tensors are filled in place (None: not compared).
-    Every rank reads and verifies the whole file before touching anything; any problem raises on every rank:
+    Every rank reads and verifies the whole file (a ZeRO rank: all but other ranks' optimizer state) before
+    touching anything; any problem raises on every rank:
     CheckpointError when the file is damaged or not a checkpoint (docs/FORMAT.md: any broken rule or checksum),
     CheckpointMismatchError when a valid file does not fit the model, optimizer or user state (docs/FORMAT.md
     "Loading"). Messages name the file, the dataset and the rank."""
