@@ -113,18 +113,28 @@ def main():
         with open(a.losses, "w") as f:
             json.dump(losses, f)
     torch.distributed.destroy_process_group()
-    if a.launch == "env":
-        exit_now()
 
 
-def exit_now():
-    """Ends the process without the interpreter's teardown: torch 1.13's ProcessGroupGloo destructor, run from
-    the DDP Reducer's at exit, sometimes deadlocks with a gloo worker thread that releases a tensor and waits for
-    the GIL (seen here in ~1 of 4 torchrun-style runs, gdb: ~ProcessGroupGloo <- ~Reducer)."""
+def exit_now(main_fn):
+    """Runs main_fn, then ends the process without the interpreter's teardown (exit status 1 and the traceback
+    on an exception): torch 1.13's ProcessGroupGloo destructor, run from the DDP Reducer's at exit, sometimes
+    deadlocks with a gloo worker thread that releases a tensor and waits for the GIL (seen here in ~1 of 4
+    torchrun-style runs; gdb: ~ProcessGroupGloo <- ~Reducer)."""
+    import traceback
+
+    status = 0
+    try:
+        main_fn()
+    except BaseException:  # noqa: BLE001 - reported, then the status says it
+        traceback.print_exc()
+        status = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(status)
 
 
 if __name__ == "__main__":
-    main()
+    if "--launch" in sys.argv and sys.argv[sys.argv.index("--launch") + 1:][:1] == ["env"]:
+        exit_now(main)
+    else:
+        main()
