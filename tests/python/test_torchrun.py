@@ -7,6 +7,7 @@ writes docs/FORMAT.md's one file through torch.distributed and positional writes
   - a rank that dies mid-save (H5DDP_TEST_HOOKS: rank 1 exits after a positional write of its share) makes the
     other rank raise one line, leaves the previous checkpoint valid and named by `latest`, no step-4 file and no
     partial; the run then resumes from step 2 and ends bitwise equal too;
+  - h5dump reads a file whole;
   - cross-resume with h5ddp-train (mpirun) both ways, as tests/python/test_cross_resume.py: the losses after the
     switch within 1e-5 of the other side's, the final states within 1e-5."""
 import json
@@ -117,6 +118,9 @@ def verify_all(args, dirs):
     out = ic.run([args.ckpt, "verify", *paths], echo_stdout=False).stdout
     assert f"{len(paths)} of {len(paths)} valid" in out, out
     print(f"{len(paths)} files of these runs: h5ddp_torch.verify and h5ddp-ckpt verify accept every one")
+    if shutil.which("h5dump"):
+        ic.run(["h5dump", paths[-1]], echo_stdout=False)  # the HDF5 tools read every byte of a torchrun-written file
+        print(f"h5dump reads {paths[-1]}")
 
 
 def main():
