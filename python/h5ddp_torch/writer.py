@@ -1,5 +1,6 @@
-"""save: a collective checkpoint of a torch.distributed job, ONE file written by all ranks with MPI-IO, in
-docs/FORMAT.md's layout and with its commit protocol:
+"""save: a collective checkpoint of a torch.distributed job, ONE file written by all ranks (with MPI-IO under
+an MPI launch; without MPI by positional writes, pwrite.py), in docs/FORMAT.md's layout and with its commit
+protocol:
 
   plan      the datasets (model, optimizer state keyed by parameter name, counters, data position, every
             rank's RNG row), each rank's byte share (rows), agreement on structure and replicas
@@ -498,7 +499,9 @@ def save(run_dir, model, optimizer=None, *, step, data=None, epoch=None, samples
     data: a DataState (sampler seed, epoch, position in global samples, global batch); epoch and
     samples_consumed default to data.epoch and step * data.global_batch. scheduler: {"type": str, name: float}.
     meta: {str: str} (stored under /meta). run_dir is created if missing. user: {name: tensor or number} (stored
-    under /user). fsync=False skips every fsync (faster, not crash-safe). Returns a SaveResult on every rank.
+    under /user). fsync=False skips every fsync (faster, not crash-safe). comm: the transport, chosen from the
+    launch when None (comm.get_comm: "mpi" under mpirun, "torch" for a torchrun/env:// job). Returns a SaveResult
+    on every rank.
     A state that would break a rule of docs/FORMAT.md (epoch != data.epoch, data.position > samples_consumed, a
     negative counter, a name ckpt-<digits>.h5 of another step, an optimizer step beyond `step`, maximize=True, a
     non-finite hyperparameter, ...) raises CheckpointError on every rank before anything is written."""
