@@ -14,8 +14,6 @@ a later "each rank writes the datasets it owns" plan unchanged: shares are only 
 import os
 import time
 
-import h5py
-
 from . import h5
 from .commit import fsync_path
 from .errors import CheckpointError
