@@ -112,14 +112,16 @@ def main():
     if rank == 0 and a.losses:
         with open(a.losses, "w") as f:
             json.dump(losses, f)
-    torch.distributed.destroy_process_group()
+    if a.launch != "env":  # see exit_now
+        torch.distributed.destroy_process_group()
 
 
 def exit_now(main_fn):
     """Runs main_fn, then ends the process without the interpreter's teardown (exit status 1 and the traceback
-    on an exception): torch 1.13's ProcessGroupGloo destructor, run from the DDP Reducer's at exit, sometimes
-    deadlocks with a gloo worker thread that releases a tensor and waits for the GIL (seen here in ~1 of 4
-    torchrun-style runs; gdb: ~ProcessGroupGloo <- ~Reducer)."""
+    on an exception): torch 1.13's ProcessGroupGloo destructor, run from the DDP Reducer's once
+    destroy_process_group has dropped the group, sometimes deadlocks with a gloo worker thread that releases a
+    tensor and waits for the GIL (seen here in ~1 of 4 torchrun-style runs; gdb: ~ProcessGroupGloo <-
+    ~Reducer). So main_fn leaves the group alive (no destroy_process_group) and the process ends here."""
     import traceback
 
     status = 0

@@ -26,7 +26,8 @@ def _prelude():
 
 PRELUDE = _prelude()
 
-# torch 1.13's gloo teardown can deadlock at interpreter exit (pt_loop.exit_now): end the processes at once.
+# torch 1.13's gloo teardown can deadlock at interpreter exit (pt_loop.exit_now): the snippet never destroys its
+# process group, and the processes end at once.
 EPILOGUE = "\nimport os as _os, sys as _sys\n_sys.stdout.flush()\n_os._exit(0)\n"
 
 

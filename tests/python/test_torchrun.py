@@ -1,7 +1,7 @@
 """h5ddp_torch without MPI (issue 41): a PyTorch DDP (gloo) loop started the way torchrun starts it (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT; init_process_group from the environment; no mpirun, no OMPI_* variables)
 writes docs/FORMAT.md's one file through torch.distributed and positional writes:
-  - 2 and 4 processes save; every file passes h5ddp-ckpt verify and h5ddp_torch.verify (world_size as launched);
+  - 2 and 4 processes save, /user tensors of every dtype too (tests/python/py_writer.py); every file passes h5ddp-ckpt verify and h5ddp_torch.verify (world_size as launched);
   - a run SIGKILLed mid-run (after step 5, last checkpoint step 4) resumes and its step-6 checkpoint equals the
     uninterrupted run's bit for bit (/model, /optimizer, /rng, /data, /train);
   - a rank that dies mid-save (H5DDP_TEST_HOOKS: rank 1 exits after a positional write of its share) makes the
@@ -111,6 +111,14 @@ def cross(args, w, tr_losses):
     xr.compare_states(xr.ckpt(w("from-cpp"), STEPS), xr.ckpt(w("cpp"), STEPS))
 
 
+def every_dtype(w):
+    """tests/python/py_writer.py without MPI: /user tensors of every dtype (0-d, empty, bool, bfloat16), SGD and
+    AdamW files; replicas that differ and a bad run directory fail on every rank, nothing committed."""
+    outs = tl.run(2, [os.path.join(HERE, "py_writer.py"), w("dtypes"), "env"], timeout=150)
+    assert all(f"rank {r}: collective failures agreed" in outs[r] for r in range(2)), outs
+    return [w("dtypes", "sgd"), w("dtypes", "adam")]
+
+
 def verify_all(args, dirs):
     paths = sorted(os.path.join(d, n) for d in dirs for n in os.listdir(d) if n.endswith(".h5"))
     for p in paths:
@@ -134,7 +142,7 @@ def main():
         killed_run(w, reference)
         died_in_save(w, reference)
         cross(args, w, tr_losses)
-        verify_all(args, [w(d) for d in ("tr", "tr4", "killed", "died", "from-cpp")])
+        verify_all(args, [w(d) for d in ("tr", "tr4", "killed", "died", "from-cpp")] + every_dtype(w))
     print("PASS")
 
 
