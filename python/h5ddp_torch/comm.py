@@ -115,8 +115,9 @@ def get_comm(comm=None):
     try:
         from mpi4py import MPI
     except ImportError as e:
-        raise CheckpointError("h5ddp_torch needs mpi4py for a job of several processes "
-                              "(apt-get install python3-mpi4py python3-h5py-mpi): " + str(e)) from None
+        raise CheckpointError("h5ddp_torch needs mpi4py for an MPI job of several processes "
+                              "(apt-get install python3-mpi4py python3-h5py-mpi; or launch with torchrun, no MPI): "
+                              + str(e)) from None
     c = Comm(MPI.COMM_WORLD)
     if torch_world is not None and torch_world != (c.rank, c.size):
         raise CheckpointError(
