@@ -31,6 +31,8 @@ def main():
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     else:
         rank, world = h5ddp_torch.init_from_mpi("gloo")
+    transport = h5ddp_torch.get_comm().transport  # chosen from the launch
+    assert transport == ("torch" if sys.argv[2:] == ["env"] else "mpi"), transport
     images, labels = pt_loop.fashion = pt_loop.ic.fashion_mnist("train", 0, 16)
     torch.manual_seed(1)
     model = torch.nn.parallel.DistributedDataParallel(pt_loop.cnn())
@@ -74,6 +76,9 @@ def main():
         raise AssertionError("a save into a run directory below a file succeeded")
     except h5ddp_torch.CheckpointError as e:
         assert str(e).startswith("rank 0: cannot create the run directory") and "latest/sub" in str(e), e
+    if sys.argv[2:] == ["env"]:
+        import h5py
+        assert "mpi4py" not in sys.modules and not h5py.get_config().mpi, "MPI loaded in a job without MPI"
     print(f"rank {rank}: collective failures agreed", flush=True)
     if sys.argv[2:] != ["env"]:  # pt_loop.exit_now
         torch.distributed.destroy_process_group()
