@@ -17,7 +17,7 @@ import time
 from . import h5
 from .commit import fsync_path
 from .errors import CheckpointError
-from .writer import MAX_TRANSFER_BYTES, _bytes, agree_checksums, capture, create_structure, set_checksums
+from .writer import MAX_TRANSFER_BYTES, agree_checksums, as_bytes, capture, create_structure, set_checksums
 
 
 def _layout(partial_path, items, structure):
@@ -64,7 +64,7 @@ def _write_share(comm, partial_path, items, segments, offsets, fsync, step):
             d = items[i]
             rb = d.row_bytes
             try:
-                _pwrite_all(fd, memoryview(_bytes(d.array))[begin * rb:end * rb], offsets[i] + begin * rb)
+                _pwrite_all(fd, memoryview(as_bytes(d.array))[begin * rb:end * rb], offsets[i] + begin * rb)
             except OSError as e:
                 raise CheckpointError(f"writing rows [{begin}, {end}) of dataset {d.path} to {partial_path}: "
                                       f"{e.strerror}") from None

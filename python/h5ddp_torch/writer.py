@@ -62,19 +62,19 @@ class _Item:
         return self.nbytes // self.rows if self.rows else 0
 
 
-def _bytes(a):
+def as_bytes(a):
     """The bytes of a C-contiguous array as a flat uint8 view (also for 0-d and empty arrays)."""
     return a.reshape(-1).view(np.uint8)
 
 
 def _hash(a):
-    return xxhash.xxh3_64_intdigest(_bytes(a))
+    return xxhash.xxh3_64_intdigest(as_bytes(a))
 
 
 def _sample_hash(a):
     """A cheap fingerprint for comparing replicas before writing: all of a small array, 16 spread 4 KiB pieces
     of a large one (the full comparison comes with the checksums)."""
-    b = _bytes(a)
+    b = as_bytes(a)
     if len(b) <= 1 << 16:
         return _hash(a)
     h = xxhash.xxh3_64()
@@ -349,7 +349,7 @@ def _plan(comm, model, optimizer, step, epoch, samples_consumed, data, user, sch
         raise DisagreementError("ranks disagree on the checkpoint step: " +
                                 ", ".join(f"rank {r}={s}" for r, s in enumerate(steps)))
     planned, err = capture(lambda: _local_items(model, optimizer, step, epoch, samples_consumed, data, user,
-                                                 scheduler, name))
+                                                scheduler, name))
     comm.raise_if_any(err)
     kind, groups, items = planned
     if kind:
