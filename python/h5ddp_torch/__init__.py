@@ -1,6 +1,7 @@
 """h5ddp_torch: h5ddp checkpoints (docs/FORMAT.md) from PyTorch.
 
-    save(run_dir, model, optimizer, step=..., data=...)   collective: one file written by all ranks (MPI-IO);
+    save(run_dir, model, optimizer, step=..., data=...)   collective: one file written by all ranks (MPI-IO under
+                                                           mpirun; positional writes under torchrun, no MPI)
                                                            optimizer may be a ZeroRedundancyOptimizer (zero.py)
     resume(run_dir, model, optimizer)                      the newest valid checkpoint, or None
     load(path, model, optimizer)                           one checkpoint

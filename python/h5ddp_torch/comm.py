@@ -1,8 +1,10 @@
-"""The ranks of a job, for the collective operations of save, load and resume.
+"""The ranks of a job, for the collective operations of save, load and resume: the transport.
 
-Checkpoint I/O runs over MPI (parallel HDF5 through Debian's python3-h5py-mpi and python3-mpi4py), so the
-processes of the torch.distributed job must also be one MPI job, in the same rank order: launch with mpirun
-or srun. A job of one process needs no MPI at all.
+Two transports. "mpi": checkpoint I/O over MPI (parallel HDF5 through Debian's python3-h5py-mpi and
+python3-mpi4py); the processes of the torch.distributed job are one MPI job in the same rank order (mpirun or
+srun). "torch": no MPI at all (a torchrun / env:// job): the ranks agree over torch.distributed's object
+collectives and write the file with positional writes (pwrite.py). get_comm picks it from how the job was
+launched. A job of one process needs neither.
 """
 import os
 
@@ -31,6 +33,7 @@ class Comm:
         self.mpi = mpi_comm
         self.rank = mpi_comm.Get_rank() if mpi_comm is not None else 0
         self.size = mpi_comm.Get_size() if mpi_comm is not None else 1
+        self.transport = "mpi" if mpi_comm is not None else "single"
 
     def allgather(self, obj):
         return self.mpi.allgather(obj) if self.mpi is not None else [obj]
@@ -58,22 +61,63 @@ class Comm:
             raise cls(message if message.startswith(f"rank {r}: ") else f"rank {r}: {message}")
 
 
+class TorchComm(Comm):
+    """The ranks of torch.distributed's default process group (gloo, NCCL, ...), no MPI: objects travel through
+    all_gather_object / broadcast_object_list. A failed collective (a rank died, a timeout) raises
+    CheckpointError on this rank instead of the backend's multi-line error."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        super().__init__(None)
+        self.dist = dist
+        self.rank, self.size, self.transport = dist.get_rank(), dist.get_world_size(), "torch"
+
+    def _collective(self, what, fn):
+        try:
+            return fn()
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"rank {self.rank}: torch.distributed {what} failed (did a rank die?): "
+                                  f"{first}") from None
+
+    def allgather(self, obj):
+        out = [None] * self.size
+        self._collective("all_gather_object", lambda: self.dist.all_gather_object(out, obj))
+        return out
+
+    def bcast(self, obj, root=0):
+        box = [obj if self.rank == root else None]
+        self._collective("broadcast_object_list", lambda: self.dist.broadcast_object_list(box, src=root))
+        return box[0]
+
+    def barrier(self):
+        self._collective("barrier", self.dist.barrier)
+
+
 def get_comm(comm=None):
-    """The communicator of checkpoint I/O: `comm` (an mpi4py communicator or a Comm) when given; else MPI's
-    COMM_WORLD when the job is an MPI job of more than one process or torch.distributed spans more than one;
+    """The communicator of checkpoint I/O: `comm` when given (a Comm, an mpi4py communicator, or a transport's
+    name: "torch" or "mpi"); else MPI's COMM_WORLD when the job was launched by mpirun/srun's MPI (as today);
+    else torch.distributed's ranks when its process group spans more than one (torchrun, env://: no MPI);
     else a single process. Raises CheckpointError when MPI's world and torch.distributed's differ."""
     if isinstance(comm, Comm):
         return comm
-    if comm is not None:
-        return Comm(comm)
     torch_world = _torch_world()
-    if not _launched_by_mpi() and (torch_world is None or torch_world[1] == 1):
+    if comm == "torch" or (comm is None and not _launched_by_mpi() and torch_world and torch_world[1] > 1):
+        if torch_world is None:
+            raise CheckpointError("transport 'torch' needs an initialised torch.distributed process group "
+                                  "(torch.distributed.init_process_group)")
+        return TorchComm()
+    if comm not in (None, "mpi"):
+        return Comm(comm)
+    if comm is None and not _launched_by_mpi() and (torch_world is None or torch_world[1] == 1):
         return Comm(None)
     try:
         from mpi4py import MPI
     except ImportError as e:
-        raise CheckpointError("h5ddp_torch needs mpi4py for a job of several processes "
-                              "(apt-get install python3-mpi4py python3-h5py-mpi): " + str(e)) from None
+        raise CheckpointError("h5ddp_torch needs mpi4py for an MPI job of several processes "
+                              "(apt-get install python3-mpi4py python3-h5py-mpi; or launch with torchrun, no MPI): "
+                              + str(e)) from None
     c = Comm(MPI.COMM_WORLD)
     if torch_world is not None and torch_world != (c.rank, c.size):
         raise CheckpointError(

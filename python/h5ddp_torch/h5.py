@@ -45,6 +45,17 @@ def create_file(path, comm):
         info.Free()
 
 
+def create_serial(path):
+    """Local. Creates (truncates) `path` with serial HDF5 (the default driver of either build) and the C++
+    writer's properties; the layout of a file whose bytes the ranks then write themselves (pwrite.py)."""
+    return h5py.File(path, "w", libver=LIBVER, alignment_threshold=ALIGNMENT, alignment_interval=ALIGNMENT)
+
+
+def open_for_update(path):
+    """Local. Opens a file create_serial made, for rewriting attributes in place."""
+    return h5py.File(path, "r+", libver=LIBVER)
+
+
 def open_file(path):
     """Local. Opens a checkpoint for reading (every rank on its own: reads need no MPI). One-line errors."""
     try:

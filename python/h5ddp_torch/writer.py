@@ -1,5 +1,6 @@
-"""save: a collective checkpoint of a torch.distributed job, ONE file written by all ranks with MPI-IO, in
-docs/FORMAT.md's layout and with its commit protocol:
+"""save: a collective checkpoint of a torch.distributed job, ONE file written by all ranks (with MPI-IO under
+an MPI launch; without MPI by positional writes, pwrite.py), in docs/FORMAT.md's layout and with its commit
+protocol:
 
   plan      the datasets (model, optimizer state keyed by parameter name, counters, data position, every
             rank's RNG row), each rank's byte share (rows), agreement on structure and replicas
@@ -63,19 +64,19 @@ class _Item:
         return self.nbytes // self.rows if self.rows else 0
 
 
-def _bytes(a):
+def as_bytes(a):
     """The bytes of a C-contiguous array as a flat uint8 view (also for 0-d and empty arrays)."""
     return a.reshape(-1).view(np.uint8)
 
 
 def _hash(a):
-    return xxhash.xxh3_64_intdigest(_bytes(a))
+    return xxhash.xxh3_64_intdigest(as_bytes(a))
 
 
 def _sample_hash(a):
     """A cheap fingerprint for comparing replicas before writing: all of a small array, 16 spread 4 KiB pieces
     of a large one (the full comparison comes with the checksums)."""
-    b = _bytes(a)
+    b = as_bytes(a)
     if len(b) <= 1 << 16:
         return _hash(a)
     h = xxhash.xxh3_64()
@@ -277,7 +278,22 @@ def _utc_now():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _create_structure(f, items, kind, groups, scheduler, meta, world, step, created):
+def _scalar_early(f, d, dcpl):
+    """A scalar dataset with `dcpl` (h5py's create_dataset replaces the creation properties of a scalar with
+    the defaults, which allocate its storage late)."""
+    import h5py
+
+    lcpl = h5py.h5p.create(h5py.h5p.LINK_CREATE)
+    lcpl.set_create_intermediate_group(True)
+    dsid = h5py.h5d.create(f.id, d.path.encode(), h5py.h5t.py_create(d.array.dtype, logical=1),
+                           h5py.h5s.create(h5py.h5s.SCALAR), dcpl=dcpl, lcpl=lcpl)
+    return h5py.Dataset(dsid)
+
+
+def create_structure(f, items, kind, groups, scheduler, meta, world, step, created, early=False):
+    """The root attributes, groups and every dataset of the file (no data written), [datasets]. early: storage
+    allocated at creation (serial HDF5 defers it; parallel HDF5 always allocates early) and a checksum
+    attribute of 0 in place, so that the data never moves and the checksums are later rewritten in place."""
     import h5py
 
     f.attrs[fmt.ATTR_FORMAT] = fmt.FORMAT_NAME
@@ -310,13 +326,18 @@ def _create_structure(f, items, kind, groups, scheduler, meta, world, step, crea
     for d in items:
         dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
         dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)  # storage is allocated at creation: no pass of fill values
-        ds = f.create_dataset(d.path, shape=d.array.shape, dtype=d.array.dtype, dcpl=dcpl)
+        if early:
+            dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+        ds = _scalar_early(f, d, dcpl) if early and d.array.ndim == 0 else \
+            f.create_dataset(d.path, shape=d.array.shape, dtype=d.array.dtype, dcpl=dcpl)
         ds.attrs[fmt.ATTR_DTYPE] = d.dtype
+        if early:
+            ds.attrs[fmt.ATTR_CHECKSUM] = np.uint64(0)
         dsets.append(ds)
     return dsets
 
 
-def _capture(fn):
+def capture(fn):
     """Runs fn; returns (result, error message or None)."""
     try:
         return fn(), None
@@ -332,8 +353,8 @@ def _plan(comm, model, optimizer, step, epoch, samples_consumed, data, user, sch
     if len(set(steps)) != 1:
         raise DisagreementError("ranks disagree on the checkpoint step: " +
                                 ", ".join(f"rank {r}={s}" for r, s in enumerate(steps)))
-    planned, err = _capture(lambda: _local_items(model, optimizer, step, epoch, samples_consumed, data, user,
-                                                 scheduler, name))
+    planned, err = capture(lambda: _local_items(model, optimizer, step, epoch, samples_consumed, data, user,
+                                                scheduler, name))
     comm.raise_if_any(err)
     kind, groups, items = planned
     if kind:
@@ -356,7 +377,7 @@ def _prepare_dir(comm, run_dir, partial_path, nbytes):
             os.makedirs(run_dir, exist_ok=True)
         except OSError as e:
             raise CheckpointError(f"cannot create the run directory {run_dir}: {e.strerror}") from None
-    comm.raise_if_any(_capture(make_run_dir)[1] if comm.rank == 0 else None)
+    comm.raise_if_any(capture(make_run_dir)[1] if comm.rank == 0 else None)
     if comm.rank == 0:
         st = os.statvfs(run_dir)
         needed = nbytes + nbytes // 16 + (1 << 20)
@@ -373,17 +394,17 @@ def _write_share(comm, dsets, items, segments, partial_path, result):
     for i, r, begin, end in segments:
         if r != comm.rank or error:
             continue
-        _, error = _capture(lambda: _write_rows(dsets[i], items[i], begin, end))
+        _, error = capture(lambda: _write_rows(dsets[i], items[i], begin, end))
         if error:
             error = f"{error} (writing rows [{begin}, {end}) of {items[i].path} to {partial_path})"
         result.bytes_this_rank += (end - begin) * items[i].row_bytes
     comm.raise_if_any(error)
 
 
-def _write_checksums(comm, dsets, items, segments, pieces):
-    """Collective. The checksum of a tensor comes from the rank that wrote it whole; a split, empty or small
-    dataset is hashed by every rank and the hashes must agree (the bytes from different replicas must be the
-    same)."""
+def agree_checksums(comm, items, segments, pieces):
+    """Collective. Sets every item's checksum: a tensor's comes from the rank that wrote it whole; a split,
+    empty or small dataset is hashed by every rank and the hashes must agree (the bytes from different replicas
+    must be the same); raises DisagreementError on every rank when they do not."""
     owner = [-1] * len(items)
     for i, r, _, _ in segments:
         if items[i].tensor and pieces[i] == 1:
@@ -397,21 +418,34 @@ def _write_checksums(comm, dsets, items, segments, pieces):
         items[i].checksum = min(values)
     comm.raise_if_any("replicated state differs between ranks (full checksums disagree); nothing is "
                       "committed: " + ", ".join(differ) if differ else None, DisagreementError)
-    _, err = _capture(lambda: [ds.attrs.__setitem__(fmt.ATTR_CHECKSUM, np.uint64(d.checksum))
-                               for ds, d in zip(dsets, items)])
+
+
+def set_checksums(dsets, items):
+    for ds, d in zip(dsets, items):
+        ds.attrs[fmt.ATTR_CHECKSUM] = np.uint64(d.checksum)
+
+
+def _write_checksums(comm, dsets, items, segments, pieces):
+    """Collective. The checksums agreed, then written by every rank (parallel HDF5: attributes collectively)."""
+    agree_checksums(comm, items, segments, pieces)
+    _, err = capture(lambda: set_checksums(dsets, items))
     comm.raise_if_any(err)
 
 
 def _write_partial(comm, partial_path, plan, structure, fsync, result, phases):
     """Collective. Writes, hashes, closes and fsyncs <name>.partial; removes it on any failure.
-    plan: (items, segments, pieces); structure: the arguments of _create_structure after f and items."""
+    plan: (items, segments, pieces); structure: the arguments of create_structure after f and items.
+    Without MPI (the "torch" transport) the bytes go by positional writes (pwrite.py)."""
+    if comm.transport == "torch":
+        from .pwrite import write_partial_positional
+        return write_partial_positional(comm, partial_path, plan, structure, fsync, result, phases)
     items, segments, pieces = plan
     f = None
     try:
         t = time.perf_counter()
-        f, err = _capture(lambda: h5.create_file(partial_path, comm))
+        f, err = capture(lambda: h5.create_file(partial_path, comm))
         comm.raise_if_any(err)
-        dsets, err = _capture(lambda: _create_structure(f, items, *structure))
+        dsets, err = capture(lambda: create_structure(f, items, *structure))
         comm.raise_if_any(err if err is None else f"creating {partial_path}: {err}")
         phases["create"] = time.perf_counter() - t
         t = time.perf_counter()
@@ -422,18 +456,18 @@ def _write_partial(comm, partial_path, plan, structure, fsync, result, phases):
         phases["checksums"] = time.perf_counter() - t
         t = time.perf_counter()
         dsets = None
-        _, err = _capture(f.close)
+        _, err = capture(f.close)
         f = None
         comm.raise_if_any(err if err is None else f"closing {partial_path}: {err}")
         if fsync:
-            _, err = _capture(lambda: fsync_path(partial_path))  # every rank flushes what its client wrote
+            _, err = capture(lambda: fsync_path(partial_path))  # every rank flushes what its client wrote
             comm.raise_if_any(err)
         phases["close+fsync"] = time.perf_counter() - t
     except BaseException:
         if f is not None:
-            _capture(f.close)
+            capture(f.close)
         if comm.rank == 0:
-            _capture(lambda: os.remove(partial_path))
+            capture(lambda: os.remove(partial_path))
         raise
 
 
@@ -450,12 +484,12 @@ def _commit(comm, run_dir, name, fsync, keep_last, keep_every):
                 raise CheckpointError(f"cannot rename {partial_path} to {final_path}: {e.strerror}") from None
             if fsync:
                 fsync_path(run_dir, directory=True)
-        _, err = _capture(commit)
+        _, err = capture(commit)
         if err:
-            _capture(lambda: os.remove(partial_path))
+            capture(lambda: os.remove(partial_path))
     comm.raise_if_any(err)
     if comm.rank == 0:
-        _, err = _capture(lambda: write_latest(run_dir, name, fsync))
+        _, err = capture(lambda: write_latest(run_dir, name, fsync))
     comm.raise_if_any(err)
     if comm.rank == 0:
         apply_retention(run_dir, keep_last, keep_every, name, _warn)
@@ -473,7 +507,9 @@ def save(run_dir, model, optimizer=None, *, step, data=None, epoch=None, samples
     data: a DataState (sampler seed, epoch, position in global samples, global batch); epoch and
     samples_consumed default to data.epoch and step * data.global_batch. scheduler: {"type": str, name: float}.
     meta: {str: str} (stored under /meta). run_dir is created if missing. user: {name: tensor or number} (stored
-    under /user). fsync=False skips every fsync (faster, not crash-safe). Returns a SaveResult on every rank.
+    under /user). fsync=False skips every fsync (faster, not crash-safe). comm: the transport, chosen from the
+    launch when None (comm.get_comm: "mpi" under mpirun, "torch" for a torchrun/env:// job). Returns a SaveResult
+    on every rank.
     A state that would break a rule of docs/FORMAT.md (epoch != data.epoch, data.position > samples_consumed, a
     negative counter, a name ckpt-<digits>.h5 of another step, an optimizer step beyond `step`, maximize=True, a
     non-finite hyperparameter, ...) raises CheckpointError on every rank before anything is written."""

@@ -4,12 +4,16 @@ with h5ddp_torch. Run under mpirun (gloo process group over MPI's ranks):
 
   mpirun -np 2 /usr/bin/python3 pt_loop.py --run-dir D --max-steps 6 --save-every 1 --losses L.json
 
+or, with --launch env, as torchrun starts it (init_process_group from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
+no MPI: h5ddp_torch then writes through torch.distributed, tests/python/torchrun_launch.py).
+
 Also a library for the tests: step_loss() recomputes, in one process, the loss an h5ddp job of any world size
 computes for its next step from a checkpoint (every rank's dropout stream restored from its RNG row)."""
 import argparse
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -63,9 +67,15 @@ def main():
     p.add_argument("--save-every", type=int, default=0)
     p.add_argument("--losses", help="rank 0 writes {step: loss} (mean over ranks, full precision) here")
     p.add_argument("--zero", action="store_true", help="Adam inside torch's ZeroRedundancyOptimizer (ZeRO-1)")
+    p.add_argument("--launch", choices=("mpi", "env"), default="mpi", help="mpirun, or torchrun's environment")
+    p.add_argument("--pause-after-step", type=int, default=0, help="sleep after this step (to be SIGKILLed)")
     a = p.parse_args()
     torch.set_num_threads(1)
-    rank, world = h5ddp_torch.init_from_mpi("gloo")
+    if a.launch == "env":
+        torch.distributed.init_process_group("gloo")
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    else:
+        rank, world = h5ddp_torch.init_from_mpi("gloo")
     images, labels = train_set()
 
     torch.manual_seed(SEED)
@@ -110,11 +120,37 @@ def main():
             h5ddp_torch.save(a.run_dir, model, opt, step=step, data=data, keep_last=0, fsync=False,
                              scheduler={"type": "constant", "base_lr": LR, "last_epoch": step, "lr": LR},
                              meta={"model": "cnn", "dropout": f"{DROPOUT:f}"})
+        if step == a.pause_after_step:
+            print(f"rank {rank}: paused after step {step}", flush=True)
+            time.sleep(600)
     if rank == 0 and a.losses:
         with open(a.losses, "w") as f:
             json.dump(losses, f)
-    torch.distributed.destroy_process_group()
+    if a.launch != "env":  # see exit_now
+        torch.distributed.destroy_process_group()
+
+
+def exit_now(main_fn):
+    """Runs main_fn, then ends the process without the interpreter's teardown (exit status 1 and the traceback
+    on an exception): torch 1.13's ProcessGroupGloo destructor, run from the DDP Reducer's once
+    destroy_process_group has dropped the group, sometimes deadlocks with a gloo worker thread that releases a
+    tensor and waits for the GIL (seen here in ~1 of 4 torchrun-style runs; gdb: ~ProcessGroupGloo <-
+    ~Reducer). So main_fn leaves the group alive (no destroy_process_group) and the process ends here."""
+    import traceback
+
+    status = 0
+    try:
+        main_fn()
+    except BaseException:  # noqa: BLE001 - reported, then the status says it
+        traceback.print_exc()
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":
-    main()
+    if "--launch" in sys.argv and sys.argv[sys.argv.index("--launch") + 1:][:1] == ["env"]:
+        exit_now(main)
+    else:
+        main()

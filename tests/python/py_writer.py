@@ -1,4 +1,5 @@
-"""Writes the Python side's files for the conformance suite, under mpirun (2 ranks):
+"""Writes the Python side's files for the conformance suite, under mpirun (2 ranks), or with a second argument
+"env" as torchrun starts it (no MPI; the torch.distributed transport):
   <out>/sgd/ckpt-00000001.h5   the CNN with SGD (momentum) and /user tensors of every dtype, 0-d and empty ones
   <out>/adam/ckpt-00000002.h5  the CNN with AdamW over two param groups
 and checks the collective failures: replicas that differ (nothing written on any rank, no .partial left) and a
@@ -25,7 +26,13 @@ def step(model, opt, images, labels, rank):
 def main():
     out = sys.argv[1]
     torch.set_num_threads(1)
-    rank, world = h5ddp_torch.init_from_mpi("gloo")
+    if sys.argv[2:] == ["env"]:
+        torch.distributed.init_process_group("gloo")
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    else:
+        rank, world = h5ddp_torch.init_from_mpi("gloo")
+    transport = h5ddp_torch.get_comm().transport  # chosen from the launch
+    assert transport == ("torch" if sys.argv[2:] == ["env"] else "mpi"), transport
     images, labels = pt_loop.fashion = pt_loop.ic.fashion_mnist("train", 0, 16)
     torch.manual_seed(1)
     model = torch.nn.parallel.DistributedDataParallel(pt_loop.cnn())
@@ -69,9 +76,16 @@ def main():
         raise AssertionError("a save into a run directory below a file succeeded")
     except h5ddp_torch.CheckpointError as e:
         assert str(e).startswith("rank 0: cannot create the run directory") and "latest/sub" in str(e), e
+    if sys.argv[2:] == ["env"]:
+        import h5py
+        assert "mpi4py" not in sys.modules and not h5py.get_config().mpi, "MPI loaded in a job without MPI"
     print(f"rank {rank}: collective failures agreed", flush=True)
-    torch.distributed.destroy_process_group()
+    if sys.argv[2:] != ["env"]:  # pt_loop.exit_now
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[2:] == ["env"]:
+        pt_loop.exit_now(main)
+    else:
+        main()

@@ -1,8 +1,9 @@
 """The conformance suite of docs/FORMAT.md (issue 45), generated from the spec's own tables.
 
 Base files come from every writer: h5ddp-train (C++, 2 ranks), h5ddp-train --shard-optimizer (each optimizer
-dataset written by its owner), h5ddp_torch (a PyTorch DDP loop, 2 ranks) and the independent writer
-(tests/python/independent_writer.py, written from FORMAT.md alone), all the CNN with Adam. From FORMAT.md the
+dataset written by its owner), h5ddp_torch (a PyTorch DDP loop, 2 ranks under mpirun), h5ddp_torch without MPI
+(the same loop launched as torchrun launches it: torch.distributed and positional writes) and the independent
+writer (tests/python/independent_writer.py, written from FORMAT.md alone), all the CNN with Adam. From FORMAT.md the
 suite reads its tables: every required row is removed, every typed row is retyped (with its dtype and checksum
 kept consistent, so that only the type rule can catch it), every rule R1..R17 is broken (the suite fails when
 the spec has a rule without a case here), plus cases that stay valid (a newer revision's unknown additions) and
@@ -26,6 +27,7 @@ import h5ddp_torch  # noqa: E402
 import independent_writer  # noqa: E402
 import interop_common as ic  # noqa: E402
 import format_cases  # noqa: E402
+import torchrun_launch  # noqa: E402
 
 TRAIN_ARGS = ["--batch-size", "16", "--no-fsync", "--keep-last", "0", "--checkpoint-every-steps", "1",
               "--max-steps", "2", "--optimizer", "adam"]
@@ -59,10 +61,12 @@ def base_files(args, w):
     ic.train(args, 2, w("cpp-sharded"), *TRAIN_ARGS, "--shard-optimizer")
     ic.run(ic.mpi(args, 2, sys.executable, os.path.join(HERE, "pt_loop.py"), "--run-dir", w("py"), "--max-steps",
                   "2", "--save-every", "2", "--losses", w("py-losses.json")), timeout=180)
+    torchrun_launch.run(2, [os.path.join(HERE, "pt_loop.py"), "--launch", "env", "--run-dir", w("torchrun"),
+                            "--max-steps", "2", "--save-every", "2"], timeout=180)
     os.makedirs(w("indep"))
     name = "ckpt-00000002.h5"
     independent_writer.write(w("indep", name), independent_writer.from_file(w("cpp", name)))
-    return {k: w(k, name) for k in ("cpp", "cpp-sharded", "py", "indep")}
+    return {k: w(k, name) for k in ("cpp", "cpp-sharded", "py", "torchrun", "indep")}
 
 
 def cpp_verify(args, paths):

@@ -9,7 +9,9 @@ from the first rank's entry to the last rank's exit (a barrier, then the max ove
 before each save when the process may (root): echo 3 > /proc/sys/vm/drop_caches after a sync. A third way is the
 disk's limit for the same bytes: rank 0 runs dd if=/dev/zero bs=16M conv=fsync of the same size (one stream, durable).
 The ways' order rotates from one repetition to the next. Rank 0 prints one RESULT line per way with the median seconds
-and GB/s, and the ratios."""
+and GB/s, and the ratios. --transports mpi,torch also times h5ddp_torch's writer without MPI (issue 41: rank 0's serial
+layout, then every rank's positional writes, the ranks agreeing over torch.distributed) on the same state in the same
+run: way "h5ddp_torch" is the MPI writer (parallel HDF5), way "h5ddp_torch/torch" the torchrun writer."""
 import argparse
 import os
 import statistics
@@ -62,14 +64,36 @@ def timed(fn):
     return time.perf_counter() - t
 
 
+def report(times, ways, nbytes, world):
+    """Rank 0's RESULT lines: each way's median, then the ratios."""
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for k, v in times.items():
+        print(f"RESULT way={k} ranks={world} bytes={nbytes} median_s={med[k]:.3f} GBps={nbytes / med[k] / 1e9:.2f} "
+              f"runs={','.join(f'{x:.3f}' for x in v)}")
+    for w in ways[1:-1]:
+        print(f"RESULT {w}: speedup={med['torch.save'] / med[w]:.2f} (torch.save time / its time) "
+              f"of_dd={med['dd'] / med[w]:.2f} (dd time / its time)")
+    if "h5ddp_torch" in med and "h5ddp_torch/torch" in med:
+        print(f"RESULT torch_vs_mpi={med['h5ddp_torch'] / med['h5ddp_torch/torch']:.2f} "
+              "(MPI writer time / torchrun writer time)")
+    print(f"RESULT torch.save_of_dd={med['dd'] / med['torch.save']:.2f} (dd time / torch.save time)")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--dir", required=True)
     p.add_argument("--hidden", default="4096,4096,4096")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--transports", default="mpi", help="h5ddp_torch writers to time: mpi, torch or mpi,torch")
+    p.add_argument("--launch", choices=("mpi", "env"), default="mpi",
+                   help="env: started as torchrun starts it (no MPI; --transports torch only)")
     a = p.parse_args()
     torch.set_num_threads(1)
-    rank, world = h5ddp_torch.init_from_mpi("gloo")
+    if a.launch == "env":
+        torch.distributed.init_process_group("gloo")
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    else:
+        rank, world = h5ddp_torch.init_from_mpi("gloo")
     Mlp = ic.model_classes(SOURCE)[1]
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(Mlp(tuple(int(h) for h in a.hidden.split(","))))
@@ -80,10 +104,13 @@ def main():
         sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
     run_dir = os.path.join(a.dir, "h5ddp")
     os.makedirs(run_dir, exist_ok=True)
-    ways = ["torch.save", "h5ddp_torch", "dd"]
+    writers = {"mpi": "h5ddp_torch", "torch": "h5ddp_torch/torch"}
+    ways = ["torch.save"] + [writers[t] for t in a.transports.split(",")] + ["dd"]
     times = {w: [] for w in ways}
+    saves = 0
     for i in range(a.repeat):
-        for way in ways[i % 3:] + ways[:i % 3]:  # rotate, so drift in the machine's load hits every way
+        k = i % len(ways)
+        for way in ways[k:] + ways[:k]:  # rotate, so drift in the machine's load hits every way
             if rank == 0:
                 drop_caches()
             if way == "torch.save":
@@ -91,16 +118,16 @@ def main():
             elif way == "dd":
                 s = timed(lambda: dd_save(os.path.join(a.dir, "dd.out"), nbytes, rank))
             else:
-                s = timed(lambda: h5ddp_torch.save(run_dir, model, opt, step=i + 1, keep_last=1, fsync=True))
+                comm = "torch" if way.endswith("/torch") else None
+                saves += 1  # a new step (file name) for every save
+                s = timed(lambda: h5ddp_torch.save(run_dir, model, opt, step=saves, keep_last=1, fsync=True,
+                                                   comm=comm))
             times[way].append(s)
     if rank == 0:
-        med = {k: statistics.median(v) for k, v in times.items()}
-        for k, v in times.items():
-            print(f"RESULT way={k} ranks={world} bytes={nbytes} median_s={med[k]:.3f} GBps={nbytes / med[k] / 1e9:.2f} "
-                  f"runs={','.join(f'{x:.3f}' for x in v)}")
-        print(f"RESULT speedup={med['torch.save'] / med['h5ddp_torch']:.2f} (torch.save time / h5ddp_torch time)")
-        print(f"RESULT of_dd={med['dd'] / med['h5ddp_torch']:.2f} (dd time / h5ddp_torch time) "
-              f"torch.save_of_dd={med['dd'] / med['torch.save']:.2f} (dd time / torch.save time)")
+        report(times, ways, nbytes, world)
+    if a.launch == "env":  # torch 1.13's gloo teardown can deadlock (tests/python/pt_loop.py exit_now)
+        sys.stdout.flush()
+        os._exit(0)
     torch.distributed.destroy_process_group()
 
 
