@@ -11,7 +11,9 @@ loop of pt_loop.py with --zero (gloo, under mpirun), global batch 24 so that 2 a
      logged ones, step-6 states within 1e-5), and the ZeRO job's step-3 file resumed by h5ddp-train
      --shard-optimizer (the same against the ZeRO run);
   5  h5ddp-ckpt verify and h5ddp_torch.verify accept the ZeRO files; a flipped value in one parameter's state
-     (read by its owner only) makes the ZeRO load fail on every rank, naming the dataset, nothing touched."""
+     (read by its owner only) makes the ZeRO load fail on every rank, naming the dataset, nothing touched;
+  6  without MPI (torchrun-style launch, the torch transport): 2 ZeRO ranks write the same step-3 file as under
+     mpirun and 3 ZeRO ranks resume it to the same step-6 file as the mpirun 3-rank resume (every dataset bitwise)."""
 import json
 import os
 import shutil
@@ -22,6 +24,7 @@ sys.path.insert(0, HERE)
 import pt_loop  # noqa: E402  (puts python/ and tests/interop on sys.path)
 import interop_common as ic  # noqa: E402
 import h5ddp_torch  # noqa: E402
+import torchrun_launch as tl  # noqa: E402
 
 sys.path.insert(0, os.path.join(HERE, "..", "support"))
 import h5ddp_test as ht  # noqa: E402
@@ -167,6 +170,21 @@ def damaged_refused(args, w, src):
     print(f"5: a damaged {dataset} is refused by both ZeRO ranks, model and optimizer untouched")
 
 
+def without_mpi(w):
+    """6."""
+    loop = os.path.join(HERE, "pt_loop.py")
+    for n, steps in ((2, AT), (3, STEPS)):
+        out = tl.run(n, [loop, "--launch", "env", "--zero", "--run-dir", w("t"), "--max-steps", str(steps),
+                         "--save-every", "1", "--batch-size", str(BATCH)], timeout=120)[0]
+    assert f"resumed from {ckpt(w('t'), AT)} at step {AT}" in out, out
+    held_params(out, 3)
+    for s in range(1, AT + 1):
+        same_bytes(ckpt(w("t"), s), ckpt(w("z"), s))
+    for s in range(AT + 1, STEPS + 1):
+        same_bytes(ckpt(w("t"), s), ckpt(w("z3"), s))
+    print("6: torchrun-style ZeRO (no MPI): 2-rank steps 1-3 and 3-rank resumed steps 4-6 == the mpirun files, bitwise")
+
+
 def main():
     args = ic.parse_args(__doc__)
     with ic.Scratch(args, "zero") as w:
@@ -175,6 +193,7 @@ def main():
         with_h5ddp_train(args, w, z)
         verify_all(args, [ckpt(w(d), s) for d in ("z", "k", "z3", "cz") for s in (AT, STEPS)])
         damaged_refused(args, w, ckpt(w("z"), STEPS))
+        without_mpi(w)
     print("PASS")
 
 
