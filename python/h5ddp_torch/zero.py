@@ -13,6 +13,7 @@ import numpy as np
 
 from . import format as fmt
 from .errors import CheckpointError, CheckpointMismatchError, DisagreementError
+from .rules import decode_names
 from .state import file_groups, file_state, optimizer_type, param_names
 
 
@@ -115,7 +116,6 @@ def _compare_groups(path, m, arrays, model, zero):
         held = m.optimizer_type or "none (a weights-only file)"
         raise CheckpointMismatchError(f"{path} holds optimizer state of type {held}; this ZeroRedundancyOptimizer "
                                       f"wraps type {kind} (group {fmt.OPTIMIZER_GROUP})")
-    from .rules import decode_names
     groups, issues = global_groups(model, zero), []
     if len(m.groups) != len(groups):
         issues.append(f"{len(m.groups)} param groups in the file, {len(groups)} in the optimizer")
