@@ -1,8 +1,8 @@
 """torch's ZeroRedundancyOptimizer (ZeRO-1) checkpointed with h5ddp_torch, no consolidation (issue 41): the CNN/Adam
 loop of pt_loop.py with --zero (gloo, under mpirun), global batch 24 so that 2 and 3 ranks both divide it.
 
-  1  2 ranks stop after step 3 and resume to step 6: the step-6 file equals the uninterrupted run's, every
-     /model and /optimizer dataset byte for byte (and every other dataset);
+  1  2 ZeRO ranks SIGKILLed after step 3 (torchrun-style launch), resumed under mpirun to step 6: the step-6 file equals the uninterrupted run's, every /model and /optimizer dataset byte for byte
+     (and every other dataset);
   2  the ZeRO files equal, every dataset byte for byte, the files a plain torch.optim.Adam job of the same steps
      writes;
   3  the 2-rank ZeRO step-3 file resumed by 3 ZeRO ranks: each rank holds only its partition, the losses match
@@ -17,7 +17,9 @@ loop of pt_loop.py with --zero (gloo, under mpirun), global batch 24 so that 2 a
 import json
 import os
 import shutil
+import signal
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -97,17 +99,37 @@ def close_losses(what, got, want):
     assert worst <= TOL, f"{what}: {got} vs {want}"
 
 
+def killed_after(w, run_dir, step):
+    """2 ZeRO ranks (torchrun-style launch) saving every step, SIGKILLed while paused after `step` (its checkpoint
+    committed, the run's remaining steps lost)."""
+    logs = run_dir + "-logs"
+    os.makedirs(logs)
+    argv = [os.path.join(HERE, "pt_loop.py"), "--launch", "env", "--run-dir", run_dir, "--max-steps", str(STEPS),
+            "--save-every", "1", "--batch-size", str(BATCH), "--zero", "--pause-after-step", str(step)]
+    procs = tl.start(2, argv, log_dir=logs)
+    deadline = time.time() + 150
+    marker = f"paused after step {step}"
+    while not all(marker in open(os.path.join(logs, f"rank{r}.log")).read() for r in range(2)):
+        assert time.time() < deadline and all(p.poll() is None for p in procs), "the run did not reach the pause"
+        time.sleep(0.5)
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    assert h5ddp_torch.commit.read_latest(run_dir) == os.path.basename(ckpt(run_dir, step))
+    print(f"SIGKILLed both ZeRO ranks after step {step}; {run_dir}: {sorted(os.listdir(run_dir))}")
+
+
 def kill_resume(args, w):
     """1 and 2."""
     _, z = pt_run(args, 2, w("z"), STEPS)
-    pt_run(args, 2, w("k"), AT)
+    killed_after(w, w("k"), AT)
     out, k = pt_run(args, 2, w("k"), STEPS)
     assert f"resumed from {ckpt(w('k'), AT)} at step {AT}" in out, out
     print(f"1: 2-rank ZeRO resume holds {held_params(out, 2)} parameters' state per rank")
     same_bytes(ckpt(w("k"), STEPS), ckpt(w("z"), STEPS), groups=("model", "optimizer"))
     same_bytes(ckpt(w("k"), STEPS), ckpt(w("z"), STEPS))
     assert all(k[s] == z[s] for s in k), (k, z)
-    print("1: stop at step 3 + resume == uninterrupted, step-6 file bitwise (/model, /optimizer, all datasets)")
+    print("1: SIGKILL + resume from step 3 == uninterrupted, step-6 file bitwise (/model, /optimizer, all datasets)")
     _, p = pt_run(args, 2, w("p"), STEPS, zero=False)
     for s in range(1, STEPS + 1):
         same_bytes(ckpt(w("z"), s), ckpt(w("p"), s))
