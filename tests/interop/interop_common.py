@@ -141,3 +141,15 @@ def eval_loss(model, x, y):
     with torch.no_grad():
         logits = model(x)
         return F.cross_entropy(logits, y).item(), (logits.argmax(1) == y).double().mean().item()
+
+
+def markdown_python_block(path, heading):
+    """The one ```python block of the section `## <heading>` of the markdown file `path` (docs snippets that tests
+    execute)."""
+    with open(path) as f:
+        text = f.read()
+    m = re.search(r"^## " + re.escape(heading) + r"\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert m, f"{path} has no '## {heading}' section"
+    blocks = re.findall(r"```python\n(.*?)```", m.group(1), re.S)
+    assert len(blocks) == 1, f"expected one python block in '## {heading}' of {path}, found {len(blocks)}"
+    return blocks[0]

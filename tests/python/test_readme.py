@@ -3,7 +3,6 @@ README) keeps working: its snippet runs
 under mpirun -np 2 (with a small Net and data supplied), saves steps 50 and 100, and a second run with the step limit
 raised resumes at step 100 and saves 150; both verifiers accept every file, and h5ddp-ckpt info reads them."""
 import os
-import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,13 +24,8 @@ x, y = torch.randn(1000, 20), torch.randint(0, 4, (1000,))
 
 
 def snippet(source_dir):
-    with open(os.path.join(source_dir, "docs", "PYTHON.md")) as f:
-        text = f.read()
-    m = re.search(r"^## PyTorch: write and read h5ddp checkpoints from Python\n(.*?)(?=^## |\Z)", text, re.S | re.M)
-    assert m, "docs/PYTHON.md has no '## PyTorch: write and read h5ddp checkpoints from Python' section"
-    blocks = re.findall(r"```python\n(.*?)```", m.group(1), re.S)
-    assert len(blocks) == 1, f"expected one python block, found {len(blocks)}"
-    return blocks[0]
+    return ic.markdown_python_block(os.path.join(source_dir, "docs", "PYTHON.md"),
+                                    "PyTorch: write and read h5ddp checkpoints from Python")
 
 
 def main():

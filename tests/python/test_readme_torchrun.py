@@ -3,7 +3,6 @@ MASTER_ADDR, MASTER_PORT and no MPI; tests/python/torchrun_launch.py), with a sm
 saves steps 50 and 100; a second run with the step limit raised resumes at step 100 and saves 150; both verifiers
 accept every file and h5ddp-ckpt info reads them."""
 import os
-import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,13 +31,7 @@ EPILOGUE = "\nimport os as _os, sys as _sys\n_sys.stdout.flush()\n_os._exit(0)\n
 
 
 def snippet(source_dir):
-    with open(os.path.join(source_dir, "README.md")) as f:
-        text = f.read()
-    m = re.search(r"^## PyTorch without MPI\n(.*?)(?=^## |\Z)", text, re.S | re.M)
-    assert m, "README.md has no '## PyTorch without MPI' section"
-    blocks = re.findall(r"```python\n(.*?)```", m.group(1), re.S)
-    assert len(blocks) == 1, f"expected one python block, found {len(blocks)}"
-    return blocks[0]
+    return ic.markdown_python_block(os.path.join(source_dir, "README.md"), "PyTorch without MPI")
 
 
 def main():
