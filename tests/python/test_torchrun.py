@@ -85,17 +85,21 @@ def died_in_save(w, reference):
     bitwise(xr.ckpt(run_dir, STEPS), reference)
 
 
+def same_losses(what, name, got, ref_name, ref):
+    """The resumed steps 4..STEPS of `got` within xr.TOL of `ref` (both {step: loss})."""
+    assert sorted(got) == list(range(4, STEPS + 1)), got
+    for k, v in got.items():
+        print(f"{what} step {k}: {name} {v:.9f}, {ref_name} {ref[k]:.9f}")
+        assert abs(v - ref[k]) <= xr.TOL, f"step {k}: {v} vs {ref[k]}"
+
+
 def cross(args, w, tr_losses):
     """torchrun-written step 3 -> h5ddp-train; h5ddp-train's step 3 -> the torchrun loop."""
     os.makedirs(w("to-cpp"))
     shutil.copy(xr.ckpt(w("tr"), 3), w("to-cpp"))
     out = xr.cpp_run(args, w("to-cpp"))
     assert f"resumed from {xr.ckpt(w('to-cpp'), 3)} at step 3" in out, out
-    logged = xr.logged_losses(w("to-cpp"))
-    assert sorted(logged) == list(range(4, STEPS + 1)), logged
-    for k, v in logged.items():
-        print(f"torchrun->h5ddp step {k}: h5ddp-train {v:.9f}, torchrun loop {tr_losses[k]:.9f}")
-        assert abs(v - tr_losses[k]) <= xr.TOL, f"step {k}: {v} vs {tr_losses[k]}"
+    same_losses("torchrun->h5ddp", "h5ddp-train", xr.logged_losses(w("to-cpp")), "torchrun loop", tr_losses)
     xr.compare_states(xr.ckpt(w("to-cpp"), STEPS), xr.ckpt(w("tr"), STEPS))
 
     xr.cpp_run(args, w("cpp"))
@@ -103,11 +107,7 @@ def cross(args, w, tr_losses):
     shutil.copy(xr.ckpt(w("cpp"), 3), w("from-cpp"))
     outs, losses = tr_run(w("from-cpp"), losses=w("from-cpp.json"))
     assert f"resumed from {xr.ckpt(w('from-cpp'), 3)} at step 3" in outs[0], outs[0]
-    cpp_logged = xr.logged_losses(w("cpp"))
-    assert sorted(losses) == list(range(4, STEPS + 1)), losses
-    for k, v in losses.items():
-        print(f"h5ddp->torchrun step {k}: torchrun loop {v:.9f}, h5ddp-train {cpp_logged[k]:.9f}")
-        assert abs(v - cpp_logged[k]) <= xr.TOL, f"step {k}: {v} vs {cpp_logged[k]}"
+    same_losses("h5ddp->torchrun", "torchrun loop", losses, "h5ddp-train", xr.logged_losses(w("cpp")))
     xr.compare_states(xr.ckpt(w("from-cpp"), STEPS), xr.ckpt(w("cpp"), STEPS))
 
 

@@ -27,6 +27,7 @@ import pt_loop  # noqa: E402  (puts python/ and tests/interop on sys.path)
 import interop_common as ic  # noqa: E402
 import h5ddp_torch  # noqa: E402
 import torchrun_launch as tl  # noqa: E402
+import test_cross_resume as xr  # noqa: E402
 
 sys.path.insert(0, os.path.join(HERE, "..", "support"))
 import h5ddp_test as ht  # noqa: E402
@@ -54,14 +55,7 @@ def cpp_run(args, run_dir):
     return p.stdout + p.stderr
 
 
-def logged_losses(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        recs = [json.loads(line) for line in f if line.strip()]
-    return {r["step"]: r["loss"] for r in recs if r["event"] == "train"}
-
-
-def ckpt(run_dir, step):
-    return os.path.join(run_dir, f"ckpt-{step:08d}.h5")
+logged_losses, ckpt = xr.logged_losses, xr.ckpt  # h5ddp-train's metrics log; a run dir's checkpoint of a step
 
 
 def resumed_copy(src_dir, dst_dir):
