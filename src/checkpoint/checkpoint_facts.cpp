@@ -233,10 +233,9 @@ CheckpointManifest manifest_of(const FileFacts& f) {
     if (const ObjectFact* names = f.find(g + "/" + format::kParamNamesDataset)) pg.params = names->strings;
     m.param_groups.push_back(std::move(pg));
   }
-  static const std::set<std::string> known = {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step"};
   for (const auto& param : children_of(f, format::kOptimizerStateGroup))
     for (const auto& key : children_of(f, std::string(format::kOptimizerStateGroup) + "/" + param))
-      if (known.count(key))  // others: a newer revision's optional additions (the rules refuse them otherwise)
+      if (is_state_key(key))  // others: a newer revision's optional additions (the rules refuse them otherwise)
         m.optimizer_state.push_back(
             tensor_of(f, format::optimizer_state_dataset(param + "/" + key), param + "/" + key));
   if (f.find(format::kUserGroup))

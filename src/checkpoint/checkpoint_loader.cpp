@@ -497,11 +497,7 @@ void check_values(const CheckpointManifest& m, const TrainState& loaded, const s
   v.root_step = m.step;
   v.counters = loaded.counters;
   v.data = loaded.data;
-  for (const auto& t : state_read) {
-    const auto slash = t.name.rfind('/');
-    if (t.name.compare(slash + 1, std::string::npos, "step") == 0 && t.dtype == DType::kI64 && t.data)
-      v.adam_steps.emplace_back(t.name.substr(0, slash), *static_cast<const int64_t*>(t.data));
-  }
+  v.adam_steps = ckpt::adam_steps(state_read);
   const auto problems = ckpt::value_problems(path, v);
   if (!problems.empty()) throw CheckpointError(ckpt::joined_problems(problems));
 }

@@ -92,11 +92,6 @@ std::vector<std::string> read_strings(hid_t f, const std::string& path, size_t* 
   return out;
 }
 
-bool known_state_key(const std::string& key) {
-  return key == "momentum_buffer" || key == "exp_avg" || key == "exp_avg_sq" || key == "max_exp_avg_sq" ||
-         key == "step";
-}
-
 std::vector<std::string> numeric_children(hid_t f, const std::string& group) {
   auto names = h5::children(f, group);
   for (const auto& n : names)
@@ -190,7 +185,7 @@ CheckpointManifest read_manifest_from(hid_t f, const std::string& path) {
     for (const auto& param : h5::children(f, format::kOptimizerStateGroup)) {
       const std::string ppath = std::string(format::kOptimizerStateGroup) + "/" + param;
       for (const auto& key : h5::children(f, ppath))
-        if (known_state_key(key))  // others: a newer revision's optional additions (the rules refuse them otherwise)
+        if (is_state_key(key))  // others: a newer revision's optional additions (the rules refuse them otherwise)
           m.optimizer_state.push_back(tensor_info(f, ppath + "/" + key, param + "/" + key));
     }
     if (h5::exists(f, format::kUserGroup))

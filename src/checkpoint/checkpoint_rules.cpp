@@ -343,9 +343,7 @@ void check_state_group(Report& r, const std::string& p, const std::string& type,
     if (key.find('/') != std::string::npos) continue;  // deeper: an unknown object, reported elsewhere
     have.insert(key);
     const ObjectFact& o = it->second;
-    static const std::set<std::string> any_type = {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq",
-                                                   "step"};
-    if (!want.count(key) && !any_type.count(key) && r.newer) {
+    if (!want.count(key) && !is_state_key(key) && r.newer) {
       r.unknown("dataset " + it->first);  // a state no optimizer type has: a newer revision's optional addition
     } else if (!want.count(key)) {
       r.problem("R6: " + it->first + " is not a state of " + type + (amsgrad ? " (amsgrad)" : ""));
@@ -447,6 +445,22 @@ std::vector<std::string> rule_problems(const FileFacts& facts, std::vector<std::
   check_root(r, *root);
   check_layout(r);
   return problems;
+}
+
+bool is_state_key(const std::string& key) {
+  return key == "momentum_buffer" || key == "exp_avg" || key == "exp_avg_sq" || key == "max_exp_avg_sq" ||
+         key == "step";
+}
+
+std::vector<std::pair<std::string, int64_t>> adam_steps(const std::vector<TensorRef>& state) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& t : state) {
+    const auto slash = t.name.rfind('/');
+    if (slash != std::string::npos && t.name.compare(slash + 1, std::string::npos, "step") == 0 &&
+        t.dtype == DType::kI64 && t.data)
+      out.emplace_back(t.name.substr(0, slash), *static_cast<const int64_t*>(t.data));
+  }
+  return out;
 }
 
 std::vector<std::string> value_problems(const std::string& path, const FileValues& v) {

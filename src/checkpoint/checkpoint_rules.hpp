@@ -61,6 +61,10 @@ CheckpointManifest manifest_of(const FileFacts& facts);
 // of a newer revision go to `notes` (may be null) instead.
 std::vector<std::string> rule_problems(const FileFacts& facts, std::vector<std::string>* notes);
 
+// Whether `key` is a per-parameter state dataset some optimizer type of docs/FORMAT.md has (momentum_buffer,
+// exp_avg, exp_avg_sq, max_exp_avg_sq, step).
+bool is_state_key(const std::string& key);
+
 // The values the rules R1, R8, R10 and R11 relate (read with the tensors and counters).
 struct FileValues {
   int64_t root_step = 0;  // root attribute step
@@ -68,6 +72,9 @@ struct FileValues {
   DataState data;
   std::vector<std::pair<std::string, int64_t>> adam_steps;  // (parameter name, step) of the entries read
 };
+// The Adam steps among optimizer-state refs ("<param>/step", int64, with data): (parameter name, step).
+std::vector<std::pair<std::string, int64_t>> adam_steps(const std::vector<TensorRef>& state);
+
 // Pure. The problems of those values, one line each naming the file, the rule and the dataset.
 std::vector<std::string> value_problems(const std::string& path, const FileValues& values);
 

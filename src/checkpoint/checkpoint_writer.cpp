@@ -261,11 +261,7 @@ std::string state_problems(const SaveJob& job) {
   v.root_step = job.state.counters.step;
   v.counters = job.state.counters;
   v.data = job.state.data;
-  for (const auto& t : job.plan.optimizer.state) {
-    const auto slash = t.name.rfind('/');
-    if (t.name.compare(slash + 1, std::string::npos, "step") == 0 && t.dtype == DType::kI64 && t.data)
-      v.adam_steps.emplace_back(t.name.substr(0, slash), *static_cast<const int64_t*>(t.data));
-  }
+  v.adam_steps = ckpt::adam_steps(job.plan.optimizer.state);
   for (auto& p : ckpt::value_problems(job.final_path, v)) problems.push_back(std::move(p));
   if (problems.empty()) return "";
   return "refusing to write " + job.final_path + ": the file would not be a valid checkpoint:\n  " +
