@@ -2,20 +2,29 @@
 """Writes and checks HDF5 data sets in the layout h5ddp-train --data FILE.h5 reads (docs/DATA.md):
 /train/x [N, *S] uint8 or float32, /train/y [N] integer labels or float32 [N] / [N, K] targets, optional
 /test/x and /test/y alike, every dataset contiguous; mean/std attributes on x, num_classes on the root.
+Token data (language models, format 2) has a root vocab_size and, per split, either token samples x [N, T] (integer
+ids) with y [N] class labels or [N, T] per-position labels (-100: ignored), or a token stream tokens [L] whose
+attribute context T cuts it into floor((L - 1) / T) windows of T + 1 tokens.
 
   h5ddp-data.py fashion-mnist [DIR] -o OUT.h5
   h5ddp-data.py idx --train-images F --train-labels F [--test-images F --test-labels F] -o OUT.h5
                     [--mean M --std S] [--num-classes K]
   h5ddp-data.py npz IN.npz -o OUT.h5 [--x-train KEY --y-train KEY --x-test KEY --y-test KEY] [--channels-last]
                     [--mean a,b,c --std a,b,c | --compute-stats] [--num-classes K]
-  h5ddp-data.py check FILE.h5
+  h5ddp-data.py text FILE|DIR... -o OUT.h5 [--tokenizer bytes|chars] [--test-fraction F] [--context T]
+  h5ddp-data.py tokens TRAIN.bin [--test TEST.bin] --vocab-size V -o OUT.h5 [--dtype uint16|uint32] [--context T]
+                    [--tokenizer NAME]
+  h5ddp-data.py check FILE.h5 [--context T]
 
 Outputs are written to OUT.h5.tmp-<pid>, fsynced and renamed, so OUT.h5 is either the old file or the whole new
-one. Inputs are streamed in blocks of rows (IDX files and the .npy members of an .npz alike), so memory does not
-grow with N. Bad input: one line on stderr naming the file (and dataset), exit 2.
+one. Inputs are streamed in blocks of rows or tokens (IDX files, the .npy members of an .npz, text and .bin files
+alike), so memory does not grow with N (text --tokenizer chars reads its files twice: the vocabulary first).
+Bad input: one line on stderr naming the file (and dataset), exit 2.
 Needs numpy and h5py (Debian: python3-numpy, python3-h5py).
 """
 import argparse
+import codecs
+import fractions
 import gzip
 import math
 import os
@@ -31,7 +40,9 @@ except ImportError as e:  # e.g. a python3 on PATH other than the system's
           f"python3-numpy) or run the tool with /usr/bin/python3", file=sys.stderr)
     sys.exit(2)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # h5ddp_data_format of image/feature files
+TOKEN_FORMAT_VERSION = 2  # ... and of files with token data
+KNOWN_FORMATS = (FORMAT_VERSION, TOKEN_FORMAT_VERSION)
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_MEAN = 0.2860  # h5ddp's built-in normalisation (src/train/data.hpp), stored as float32
 FASHION_MNIST_STD = 0.3530
@@ -39,6 +50,15 @@ IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dimensions
 IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dimension
 BLOCK_BYTES = 64 << 20  # rows are streamed in blocks of about this many bytes (as float64 for statistics)
 IDX_BLOCK_ROWS = 10000
+TOKEN_BLOCK = 1 << 22  # token ids per block (.bin files, check)
+TEXT_BLOCK_BYTES = 4 << 20  # text files are read in blocks of this many bytes
+DEFAULT_CONTEXT = 128
+IGNORE_INDEX = -100  # a per-position label that is not trained on (PyTorch's default ignore_index)
+TOKEN_DTYPES = ("<u2", "<u4", "<i4", "<i8")  # a token stream's types (docs/DATA.md, layout T2)
+LLMC_MAGIC = 20240520  # llm.c's .bin: 256 int32 (magic, version 1, token count), then uint16 tokens
+LLMC_VERSION = 1
+LLMC_HEADER_BYTES = 256 * 4
+MAX_CODE_POINT = 0x10FFFF
 
 
 class DataError(Exception):
@@ -66,36 +86,61 @@ class Split:
         self.y_shape, self.y_dtype = tuple(int(d) for d in y_shape), np.dtype(y_dtype)
         self.x_attrs = x_attrs if x_attrs is not None else {}
 
+    def write(self, f):
+        g = f.create_group(self.name)
+        # No chunks, compression, filters or maxshape: contiguous, which h5ddp reads by file offset.
+        x = g.create_dataset("x", shape=self.x_shape, dtype=self.x_dtype)
+        y = g.create_dataset("y", shape=self.y_shape, dtype=self.y_dtype)
+        at = 0
+        for xb, yb in self.blocks:
+            n = len(xb)
+            if len(yb) != n or at + n > self.x_shape[0]:
+                raise AssertionError("internal error: block sizes disagree")
+            x[at:at + n] = xb
+            y[at:at + n] = yb
+            at += n
+        if at != self.x_shape[0]:
+            raise AssertionError(f"internal error: {self.name} got {at} of {self.x_shape[0]} rows")
+        for key, value in self.x_attrs.items():
+            x.attrs[key] = value
 
-def write_file(out, splits, root_attrs):
-    """Writes `splits` to out atomically: OUT.tmp-<pid>, fsync, rename, fsync of the directory."""
+
+class TokenSplit:
+    """One token stream to write (layout T2): /name/tokens [length] of dtype, filled from `blocks`, 1-D arrays of ids
+    in order, with its attribute context."""
+
+    def __init__(self, name, length, dtype, blocks, context):
+        self.name, self.length, self.dtype = name, int(length), np.dtype(dtype)
+        self.blocks, self.context = blocks, context
+
+    def write(self, f):
+        ds = f.create_group(self.name).create_dataset("tokens", shape=(self.length,), dtype=self.dtype)  # contiguous
+        at = 0
+        for b in self.blocks:
+            if at + len(b) > self.length:
+                raise AssertionError(f"internal error: {self.name} got more than {self.length} tokens")
+            ds[at:at + len(b)] = b
+            at += len(b)
+        if at != self.length:
+            raise AssertionError(f"internal error: {self.name} got {at} of {self.length} tokens")
+        ds.attrs["context"] = np.int64(self.context)
+
+
+def write_file(out, splits, root_attrs, version=FORMAT_VERSION, libver=None):
+    """Writes `splits` (each with write(f)) to out atomically: OUT.tmp-<pid>, fsync, rename, fsync of the
+    directory. libver: h5py's lower bound of the file format (None: the oldest that holds the data)."""
     out_dir = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(out_dir):
         raise DataError(f"-o {out}: directory {out_dir} does not exist")
     tmp = f"{out}.tmp-{os.getpid()}"
     try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs["h5ddp_data_format"] = np.int64(FORMAT_VERSION)
+        with h5py.File(tmp, "w", libver=libver) as f:
+            f.attrs["h5ddp_data_format"] = np.int64(version)
             for key, value in root_attrs.items():
                 if value is not None:
                     f.attrs[key] = value
             for s in splits:
-                g = f.create_group(s.name)
-                # No chunks, compression, filters or maxshape: contiguous, which h5ddp reads by file offset.
-                x = g.create_dataset("x", shape=s.x_shape, dtype=s.x_dtype)
-                y = g.create_dataset("y", shape=s.y_shape, dtype=s.y_dtype)
-                at = 0
-                for xb, yb in s.blocks:
-                    n = len(xb)
-                    if len(yb) != n or at + n > s.x_shape[0]:
-                        raise AssertionError("internal error: block sizes disagree")
-                    x[at:at + n] = xb
-                    y[at:at + n] = yb
-                    at += n
-                if at != s.x_shape[0]:
-                    raise AssertionError(f"internal error: {s.name} got {at} of {s.x_shape[0]} rows")
-                for key, value in s.x_attrs.items():
-                    x.attrs[key] = value
+                s.write(f)
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -465,6 +510,228 @@ def cmd_npz(args):
     print(summary_line(args.output, splits) + note)
 
 
+# ---- token data: text files and .bin token arrays ------------------------------------------------------------------
+
+
+def check_context(t):
+    if t < 1:
+        raise DataError(f"--context {t}: must be >= 1")
+    return t
+
+
+def exact_fraction(text):
+    """--test-fraction as an exact fraction (0.1 is 1/10), so the split point floor(F * L) has no rounding error."""
+    try:
+        f = fractions.Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= f < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be >= 0 and < 1")
+    return f
+
+
+def short_window(where, n, context):
+    return DataError(f"{where}: {n} tokens; the stream is shorter than one window ({context + 1} tokens at "
+                     f"--context {context})")
+
+
+def check_ids(b, first, vocab_size, where, labels=False):
+    """The token ids of b (1-D: from index `first`; 2-D: from row `first`) must lie in [0, vocab_size); labels=True:
+    per-position labels, which may also be -100. Else DataError naming the first bad one and where it is."""
+    bad = b >= vocab_size
+    if b.dtype.kind == "i":
+        bad |= b < 0
+        if labels:
+            bad &= b != IGNORE_INDEX
+    if not bad.any():
+        return
+    i = tuple(int(v) for v in np.argwhere(bad)[0])
+    at = f"index {first + i[0]}" if b.ndim == 1 else f"row {first + i[0]}, position {i[1]}"
+    what, extra = ("label", f" and is not {IGNORE_INDEX}") if labels else ("token id", "")
+    raise DataError(f"{where}: {what} {b[i]} at {at} is outside [0, {vocab_size}){extra}")
+
+
+class Cut:
+    """The blocks of one stream of ids handed out as consecutive runs of given lengths (train's, then test's)."""
+
+    def __init__(self, blocks, where):
+        self.blocks, self.where, self.rest = iter(blocks), where, None
+
+    def take(self, n, last):
+        while n > 0:
+            if self.rest is None or not len(self.rest):
+                self.rest = next(self.blocks, None)
+                if self.rest is None:
+                    raise DataError(f"{self.where}: changed while being read (shorter than at the first pass)")
+                continue
+            b, self.rest = self.rest[:n], self.rest[n:]
+            n -= len(b)
+            yield b
+        if last and ((self.rest is not None and len(self.rest)) or any(len(b) for b in self.blocks)):
+            raise DataError(f"{self.where}: changed while being read (longer than at the first pass)")
+
+
+def text_files(paths):
+    """The files `text` reads, in order: each FILE as given, each DIR as its regular files (not symlinks) whose
+    names have no '.', sorted by name."""
+    files = []
+    for p in paths:
+        if os.path.isdir(p):
+            names = sorted(n for n in os.listdir(p) if "." not in n and os.path.isfile(os.path.join(p, n))
+                           and not os.path.islink(os.path.join(p, n)))
+            if not names:
+                raise DataError(f"{p}: no regular file whose name has no '.' in this directory")
+            files += [os.path.join(p, n) for n in names]
+        elif os.path.isfile(p):
+            files.append(p)
+        else:
+            raise DataError(f"{p}: no such file or directory")
+    return files
+
+
+def text_blocks(files):
+    """Yields (bytes, str) blocks of the files' concatenation: each file's bytes as is, and a newline after a file
+    that does not end with one when another (non-empty) file follows. Every file must be UTF-8 (else DataError
+    naming the file and the byte)."""
+    newline_due = False
+    for path in files:
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        at, last = 0, b""
+        with open(path, "rb") as f:
+            while True:
+                data = f.read(TEXT_BLOCK_BYTES)
+                held = len(decoder.getstate()[0])  # bytes of a character cut by the previous block
+                try:
+                    text = decoder.decode(data, final=not data)
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{path}: not UTF-8 text (byte {at - held + e.start}: {e.reason}); to take the "
+                                    f"text files of a directory, give the directory") from None
+                if not data:
+                    break
+                if newline_due:
+                    yield b"\n", "\n"
+                    newline_due = False
+                yield data, text
+                at, last = at + len(data), data[-1:]
+        if at:
+            newline_due = last != b"\n"
+
+
+def cmd_text(args):
+    context = check_context(args.context)
+    files = text_files(args.inputs)
+    where = files[0] if len(files) == 1 else f"{len(files)} files of {', '.join(args.inputs)}"[:300]
+    length, chars = 0, set()
+    for data, text in text_blocks(files):  # pass 1: UTF-8 checked before any output; the length; the characters
+        if args.tokenizer == "bytes":
+            length += len(data)
+        else:
+            length += len(text)
+            chars.update(text)
+    n_test = length * args.test_fraction.numerator // args.test_fraction.denominator
+    n_train = length - n_test
+    if n_train < context + 1:
+        raise short_window(f"{where} (/train/tokens)", n_train, context)
+    if args.test_fraction and n_test < context + 1:
+        raise short_window(f"{where} (/test/tokens, --test-fraction {args.test_fraction})", n_test, context)
+    if args.tokenizer == "bytes":
+        vocab, vocab_size = None, 256
+        ids = (np.frombuffer(data, np.uint8) for data, _ in text_blocks(files))
+    else:
+        vocab = np.array(sorted(map(ord, chars)), dtype=np.int32)
+        vocab_size = len(vocab)
+        table = np.zeros(int(vocab[-1]) + 1, np.uint32)  # code point -> id
+        table[vocab] = np.arange(vocab_size, dtype=np.uint32)
+        ids = (table[np.frombuffer(text.encode("utf-32-le"), "<u4")] for _, text in text_blocks(files))
+    dtype = np.uint16 if vocab_size <= 65536 else np.uint32
+    cut = Cut(ids, where)
+    splits = [TokenSplit("train", n_train, dtype, cut.take(n_train, last=not n_test), context)]
+    if n_test:
+        splits.append(TokenSplit("test", n_test, dtype, cut.take(n_test, last=True), context))
+    source = f"text ({len(files)} file{'s' if len(files) > 1 else ''}): {', '.join(args.inputs)}"
+    # h5py's default file format keeps attributes under 64 KiB; chars files may need a larger vocab (> ~16000 code
+    # points): HDF5 1.8's format stores it densely, and every HDF5 since 1.8 reads it.
+    write_file(args.output, splits, {"vocab_size": np.int64(vocab_size), "tokenizer": args.tokenizer, "vocab": vocab,
+                                     "source": source if len(source) <= 1000 else source[:997] + "..."},
+               TOKEN_FORMAT_VERSION, libver=None if vocab is None else ("v108", "latest"))
+    print(token_summary(args.output, splits, vocab_size, args.tokenizer))
+
+
+def windows(n):
+    return f"{n} window{'' if n == 1 else 's'}"
+
+
+def token_summary(out, splits, vocab_size, tokenizer):
+    parts = [f"{s.name} {s.length} tokens ({windows((s.length - 1) // s.context)})" for s in splits]
+    return (f"wrote {out}: " + ", ".join(parts) + f"; {splits[0].dtype.name}, vocab_size {vocab_size}, "
+            f"tokenizer {tokenizer or '(none)'}, context {splits[0].context}")
+
+
+class TokenBin:
+    """A .bin of token ids: raw little-endian uint16 or uint32 (as nanoGPT writes np.uint16 arrays), or llm.c's,
+    detected by its magic: a header of 256 int32 (magic 20240520, version 1, token count), then uint16 ids."""
+
+    def __init__(self, path, dtype):
+        self.path, self.dtype = path, np.dtype(dtype)
+        if not os.path.isfile(path):
+            raise DataError(f"{path}: no such file")
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(LLMC_HEADER_BYTES)
+        self.offset, self.kind = 0, "raw"
+        if len(head) >= 4 and int.from_bytes(head[:4], "little") == LLMC_MAGIC:
+            if len(head) < LLMC_HEADER_BYTES:
+                raise DataError(f"{path}: starts with llm.c's magic {LLMC_MAGIC} but has {size} bytes, fewer than its "
+                                f"{LLMC_HEADER_BYTES}-byte header")
+            version, count = (int(v) for v in np.frombuffer(head, "<i4")[1:3])
+            if version != LLMC_VERSION:
+                raise DataError(f"{path}: llm.c header version {version}; expected {LLMC_VERSION} (uint16 tokens)")
+            if self.dtype != np.dtype("<u2"):
+                raise DataError(f"{path}: an llm.c .bin (magic {LLMC_MAGIC}) holds uint16 tokens, not --dtype "
+                                f"{self.dtype.name}")
+            body = size - LLMC_HEADER_BYTES
+            if count < 0 or 2 * count != body:
+                raise DataError(f"{path}: the llm.c header says {count} tokens but {body} bytes follow it "
+                                f"({body / 2:g} uint16 tokens)")
+            self.offset, self.kind = LLMC_HEADER_BYTES, "llm.c"
+        elif size % self.dtype.itemsize:
+            raise DataError(f"{path}: {size} bytes is not a whole number of {self.dtype.name} tokens")
+        self.length = (size - self.offset) // self.dtype.itemsize
+
+    def blocks(self, vocab_size):
+        """The ids in blocks, each checked < vocab_size."""
+        item = self.dtype.itemsize
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            for at in range(0, self.length, TOKEN_BLOCK):
+                m = min(TOKEN_BLOCK, self.length - at)
+                data = f.read(m * item)
+                if len(data) != m * item:
+                    raise DataError(f"{self.path}: changed while being read (it ends at token "
+                                    f"{at + len(data) // item})")
+                ids = np.frombuffer(data, self.dtype)
+                check_ids(ids, at, vocab_size, self.path)
+                yield ids
+
+
+def cmd_tokens(args):
+    context = check_context(args.context)
+    if args.vocab_size < 1:
+        raise DataError(f"--vocab-size {args.vocab_size}: must be >= 1")
+    dtype = np.dtype({"uint16": "<u2", "uint32": "<u4"}[args.dtype])
+    bins = [("train", TokenBin(args.input, dtype))]
+    if args.test is not None:
+        bins.append(("test", TokenBin(args.test, dtype)))
+    for _, b in bins:
+        if b.length < context + 1:
+            raise short_window(b.path, b.length, context)
+    splits = [TokenSplit(name, b.length, dtype, b.blocks(args.vocab_size), context) for name, b in bins]
+    source = ", ".join(f"{b.kind} .bin {b.path}" for _, b in bins)
+    write_file(args.output, splits, {"vocab_size": np.int64(args.vocab_size), "tokenizer": args.tokenizer,
+                                     "source": source}, TOKEN_FORMAT_VERSION)
+    print(token_summary(args.output, splits, args.vocab_size, args.tokenizer))
+
+
 # ---- check ----------------------------------------------------------------------------------------------------------
 
 
@@ -511,7 +778,8 @@ def check_split(path, f, split, size, num_classes):
     x = check_column(path, f, f"/{split}/x", size)
     y = check_column(path, f, f"/{split}/y", size)
     if x.dtype.str not in ("|u1", "<f4"):
-        raise DataError(f"{path} {x.name}: dtype {x.dtype.str}; expected uint8 or float32 (little-endian)")
+        hint = ", or token ids with the root attribute vocab_size" if is_int(x.dtype) else ""
+        raise DataError(f"{path} {x.name}: dtype {x.dtype.str}; expected uint8 or float32 (little-endian){hint}")
     if x.ndim < 2:
         raise DataError(f"{path} {x.name}: shape {shape_text(x.shape)} has no sample dimension (expected [N, ...])")
     if x.shape[0] == 0:
@@ -548,57 +816,168 @@ def check_split(path, f, split, size, num_classes):
     return x, y, kind, mean, std
 
 
+def is_int(dt):
+    """An integer type h5ddp reads: 1, 2, 4 or 8 bytes, little-endian."""
+    return dt.kind in "iu" and dt.itemsize in (1, 2, 4, 8) and dt.byteorder in ("<", "|", "=")
+
+
+def int_attr(where, obj, key, minimum):
+    """Attribute `key` of obj, which must be one integer >= minimum; None when absent."""
+    if key not in obj.attrs:
+        return None
+    a = np.asarray(obj.attrs[key])
+    if a.dtype.kind not in "iu" or a.size != 1 or int(a.reshape(-1)[0]) < minimum:
+        raise DataError(f"{where}: attribute {key} must be one integer >= {minimum}, got {a!r}")
+    return int(a.reshape(-1)[0])
+
+
+def check_vocab(path, f, vocab_size):
+    """The root attributes tokenizer and vocab beside vocab_size; returns the tokenizer (None when absent)."""
+    tok = f.attrs.get("tokenizer")
+    if isinstance(tok, bytes):
+        tok = tok.decode("utf-8", "replace")
+    if tok is not None and not isinstance(tok, str):
+        raise DataError(f"{path}: attribute tokenizer is not a string")
+    if tok == "bytes" and vocab_size != 256:
+        raise DataError(f"{path}: tokenizer bytes with vocab_size {vocab_size}; byte ids need vocab_size 256")
+    if "vocab" in f.attrs:
+        v = np.asarray(f.attrs["vocab"])
+        if v.dtype.str != "<i4" or v.shape != (vocab_size,):
+            raise DataError(f"{path}: attribute vocab is {v.dtype.str} {shape_text(v.shape)}; expected int32 "
+                            f"[{vocab_size}] (vocab_size code points)")
+        bad = np.flatnonzero((v < 0) | (v > MAX_CODE_POINT) | ((v >= 0xD800) & (v <= 0xDFFF)))
+        if bad.size:
+            raise DataError(f"{path}: attribute vocab: {v[bad[0]]} (id {bad[0]}) is not a Unicode code point")
+        if np.unique(v).size != v.size:
+            raise DataError(f"{path}: attribute vocab holds a code point twice")
+    elif tok == "chars":
+        raise DataError(f"{path}: tokenizer chars without the root attribute vocab (the code point of each id)")
+    return tok
+
+
+def check_stream(path, f, split, size, vocab_size, context):
+    """Layout T2 of one split: /split/tokens [L], context T from its attribute or `context` (--context)."""
+    t = check_column(path, f, f"/{split}/tokens", size)
+    where = f"{path} {t.name}"
+    if t.dtype.str not in TOKEN_DTYPES:
+        raise DataError(f"{where}: dtype {t.dtype.str}; expected uint16 or uint32 (also int32, int64), little-endian")
+    if t.ndim != 1:
+        raise DataError(f"{where}: shape {shape_text(t.shape)}; a token stream is 1-D [L]")
+    own = int_attr(where, t, "context", 1)
+    T = context if context is not None else own
+    if T is None:
+        raise DataError(f"{where}: no attribute context; write it, or give --context T (as to h5ddp-train)")
+    n = t.shape[0]
+    if n < T + 1:
+        raise DataError(f"{where}: {n} tokens; the stream is shorter than one window ({T + 1} tokens at context {T})")
+    for at in range(0, n, TOKEN_BLOCK):
+        check_ids(t[at:at + TOKEN_BLOCK], at, vocab_size, where)
+    return {"layout": "T2", "T": T, "tokens": n, "windows": (n - 1) // T, "dtype": t.dtype.name}
+
+
+def check_samples(path, f, split, size, vocab_size, num_classes):
+    """Layout T1 of one split: /split/x [N, T] token ids, /split/y [N] class labels or [N, T] per-position labels."""
+    x = check_column(path, f, f"/{split}/x", size)
+    y = check_column(path, f, f"/{split}/y", size)
+    if not is_int(x.dtype):
+        raise DataError(f"{path} {x.name}: dtype {x.dtype.str}; token ids (the root has vocab_size) are an integer "
+                        f"type, little-endian")
+    if x.ndim != 2 or 0 in x.shape:
+        raise DataError(f"{path} {x.name}: shape {shape_text(x.shape)}; token samples are [N, T] with N, T >= 1")
+    n, T = x.shape
+    for key in ("mean", "std"):
+        if key in x.attrs:
+            raise DataError(f"{path} {x.name}: attribute {key} on token ids, which are not normalised; remove it")
+    if y.shape[0] != n:
+        raise DataError(f"{path}: {x.name} has {n} rows but {y.name} has {y.shape[0]}")
+    if not is_int(y.dtype):
+        raise DataError(f"{path} {y.name}: dtype {y.dtype.str}; labels of token samples are an integer type, "
+                        f"little-endian")
+    if not (y.ndim == 1 or (y.ndim == 2 and y.shape[1] == T)):
+        raise DataError(f"{path} {y.name}: label shape does not match: {shape_text(y.shape)} for x "
+                        f"{shape_text(x.shape)} (expected [{n}] or [{n}, {T}])")
+    rows = max(1, TOKEN_BLOCK // T)
+    lo, hi, ignored = None, None, 0
+    for at in range(0, n, rows):
+        check_ids(x[at:at + rows], at, vocab_size, f"{path} {x.name}")
+        b = y[at:at + rows]
+        if y.ndim == 1:
+            check_labels(b, at, num_classes, f"{path} {y.name}")
+        else:
+            check_ids(b, at, vocab_size, f"{path} {y.name}", labels=True)
+            ignored += int(np.count_nonzero(b == IGNORE_INDEX)) if b.dtype.kind == "i" else 0
+            b = b[b != IGNORE_INDEX] if b.dtype.kind == "i" else b
+        if b.size:
+            lo = int(b.min()) if lo is None else min(lo, int(b.min()))
+            hi = int(b.max()) if hi is None else max(hi, int(b.max()))
+    return {"layout": "T1", "T": T, "samples": n, "dtype": x.dtype.name, "per_position": y.ndim == 2,
+            "y_dtype": y.dtype.name, "lo": lo, "hi": hi, "ignored": ignored}
+
+
+def check_token_split(path, f, split, size, vocab_size, num_classes, context):
+    g = f[f"/{split}"]
+    if "tokens" in g and ("x" in g or "y" in g):
+        raise DataError(f"{path} /{split}: holds both tokens and x/y; a split holds one or the other (docs/DATA.md)")
+    if "tokens" in g:
+        return check_stream(path, f, split, size, vocab_size, context)
+    return check_samples(path, f, split, size, vocab_size, num_classes)
+
+
+def describe_token_split(name, s, num_classes):
+    if s["layout"] == "T2":
+        return (f"{name}: token stream (layout T2) of {s['tokens']} {s['dtype']} tokens, {windows(s['windows'])} of "
+                f"{s['T']} + 1")
+    text = f"{name}: {s['samples']} token samples (layout T1) of {s['T']} {s['dtype']} ids, "
+    bounds = f"in [{s['lo']}, {s['hi']}]" if s["lo"] is not None else "none in range"
+    if s["per_position"]:
+        return text + f"per-position {s['y_dtype']} labels {bounds}, {s['ignored']} ignored (-100)"
+    classes = f", {num_classes} classes" if num_classes is not None else ""
+    return text + f"{s['y_dtype']} class labels {bounds}{classes}"
+
+
+def token_report(path, f, size, vocab_size, num_classes, context, names):
+    """Checks the token data of every split; the part of check's summary after the file's own description."""
+    tokenizer = check_vocab(path, f, vocab_size)
+    splits = {name: check_token_split(path, f, name, size, vocab_size, num_classes, context) for name in names}
+    train, test = splits["train"], splits.get("test")
+    if test is not None:
+        if (test["layout"], test["T"], test.get("per_position")) != (train["layout"], train["T"],
+                                                                      train.get("per_position")):
+            what = "tokens" if test["layout"] == "T2" else "y"
+            raise DataError(f"{path} /test/{what}: layout {test['layout']} with T = {test['T']} is not the train "
+                            f"split's ({train['layout']}, T = {train['T']}, the same kind of labels)")
+    if train["layout"] == "T2" or train["per_position"]:
+        task = "a language model (next-token cross-entropy over [B, T, V] logits)"
+    else:
+        task = "sequence classification (cross-entropy, accuracy)"
+    text = f"Token data: vocab_size {vocab_size}, tokenizer {tokenizer or '(none)'}, context T = {train['T']}: {task}. "
+    text += "; ".join(describe_token_split(n, s, num_classes) for n, s in splits.items())
+    if test is None:
+        text += "; no test split (h5ddp-train needs --no-eval)"
+    if train["layout"] == "T2":
+        text += ". Window i is tokens[i*T : i*T + T + 1]: x its first T, y its last T (next-token labels)"
+    return text + f". Ids in [0, {vocab_size})"
+
+
 def fmt_values(v):
     if v is None:
         return None
     return ", ".join(f"{float(np.float32(e)):.4g}" for e in v)
 
 
-def cmd_check(args):
-    path = args.file
-    if not os.path.isfile(path):
-        raise DataError(f"{path}: no such file")
-    if not h5py.is_hdf5(path):
-        raise DataError(f"{path}: not an HDF5 file")
-    size = os.path.getsize(path)
-    try:
-        f = h5py.File(path, "r")
-    except OSError as e:
-        raise DataError(f"{path}: HDF5 cannot open it ({e})") from None
-    with f:
-        version = None
-        if "h5ddp_data_format" in f.attrs:
-            version = np.asarray(f.attrs["h5ddp_data_format"])
-            if version.dtype.kind not in "iu" or version.size != 1 or int(version.reshape(-1)[0]) != FORMAT_VERSION:
-                raise DataError(f"{path}: attribute h5ddp_data_format is {version!r}; this tool knows format "
-                                f"{FORMAT_VERSION}")
-            version = int(version.reshape(-1)[0])
-        num_classes = None
-        if "num_classes" in f.attrs:
-            k = np.asarray(f.attrs["num_classes"])
-            if k.dtype.kind not in "iu" or k.size != 1 or int(k.reshape(-1)[0]) < 1:
-                raise DataError(f"{path}: attribute num_classes must be one integer >= 1, got {k!r}")
-            num_classes = int(k.reshape(-1)[0])
-        if "/train" not in f:
-            raise DataError(f"{path} /train: missing (docs/DATA.md)")
-        tx, ty, tkind, mean, std = check_split(path, f, "train", size, num_classes)
-        test = None
-        if "/test" in f:
-            test = check_split(path, f, "test", size, num_classes)
-            if test[0].shape[1:] != tx.shape[1:]:
-                raise DataError(f"{path} /test/x: samples are {shape_text(test[0].shape[1:])} but /train/x's are "
-                                f"{shape_text(tx.shape[1:])}")
-            if test[2][0] != tkind[0] or (tkind[0] == "targets" and test[2][2] != tkind[2]):
-                raise DataError(f"{path} /test/y: {test[1].dtype.name} {shape_text(test[1].shape)} is not the kind of "
-                                f"/train/y ({ty.dtype.name} {shape_text(ty.shape)})")
-        source = f.attrs.get("source")
-        if isinstance(source, bytes):
-            source = source.decode("utf-8", "replace")
-
-    text = f"{path}: h5ddp data format {version if version is not None else '(unmarked)'}"
-    if source:
-        text += f", from {source}"
-    text += f". train: {tx.shape[0]} samples"
+def feature_report(path, f, size, num_classes, names):
+    """Checks x/y image or feature data (format 1); the part of check's summary after the file's description."""
+    tx, ty, tkind, mean, std = check_split(path, f, "train", size, num_classes)
+    test = None
+    if "test" in names:
+        test = check_split(path, f, "test", size, num_classes)
+        if test[0].shape[1:] != tx.shape[1:]:
+            raise DataError(f"{path} /test/x: samples are {shape_text(test[0].shape[1:])} but /train/x's are "
+                            f"{shape_text(tx.shape[1:])}")
+        if test[2][0] != tkind[0] or (tkind[0] == "targets" and test[2][2] != tkind[2]):
+            raise DataError(f"{path} /test/y: {test[1].dtype.name} {shape_text(test[1].shape)} is not the kind of "
+                            f"/train/y ({ty.dtype.name} {shape_text(ty.shape)})")
+    text = f"train: {tx.shape[0]} samples"
     text += f", test: {test[0].shape[0]} samples" if test else ", no test split (h5ddp-train needs --no-eval)"
     text += f"; each sample {shape_text(tx.shape[1:])} {tx.dtype.name}"
     scale = "x/255" if tx.dtype == np.uint8 else "x"
@@ -614,8 +993,52 @@ def cmd_check(args):
     else:
         width = f"[N, {tkind[2][0]}]" if tkind[2] else "[N]"
         text += f"; float32 targets {width}: regression (MSE loss)"
-    text += ". All datasets contiguous: h5ddp-train --data can read it."
-    print(text)
+    return text
+
+
+def cmd_check(args):
+    path = args.file
+    if args.context is not None:
+        check_context(args.context)
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: no such file")
+    if not h5py.is_hdf5(path):
+        raise DataError(f"{path}: not an HDF5 file")
+    size = os.path.getsize(path)
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise DataError(f"{path}: HDF5 cannot open it ({e})") from None
+    with f:
+        version = None
+        if "h5ddp_data_format" in f.attrs:
+            version = np.asarray(f.attrs["h5ddp_data_format"])
+            if version.dtype.kind not in "iu" or version.size != 1 or int(version.reshape(-1)[0]) not in KNOWN_FORMATS:
+                raise DataError(f"{path}: attribute h5ddp_data_format is {version!r}; this tool knows formats "
+                                f"{', '.join(map(str, KNOWN_FORMATS))}")
+            version = int(version.reshape(-1)[0])
+        num_classes = int_attr(path, f, "num_classes", 1)
+        vocab_size = int_attr(path, f, "vocab_size", 1)
+        if "/train" not in f:
+            raise DataError(f"{path} /train: missing (docs/DATA.md)")
+        names = [n for n in ("train", "test") if n in f]
+        for n in names:
+            if not isinstance(f[n], h5py.Group):
+                raise DataError(f"{path} /{n}: not a group")
+            if vocab_size is None and "tokens" in f[n]:
+                raise DataError(f"{path} /{n}/tokens: token data needs the root attribute vocab_size")
+        if vocab_size is None:
+            report = feature_report(path, f, size, num_classes, names)
+        else:
+            report = token_report(path, f, size, vocab_size, num_classes, args.context, names)
+        source = f.attrs.get("source")
+        if isinstance(source, bytes):
+            source = source.decode("utf-8", "replace")
+
+    text = f"{path}: h5ddp data format {version if version is not None else '(unmarked)'}"
+    if source:
+        text += f", from {source}"
+    print(text + ". " + report + ". All datasets contiguous: h5ddp-train --data can read it.")
 
 
 # ---- command line -----------------------------------------------------------------------------------------------
@@ -661,14 +1084,40 @@ def parse_args(argv):
                      help="store the train set's per-channel mean and std (population) as the normalisation")
     npz.add_argument("--num-classes", type=int, help="labels must be < K; written as attribute num_classes")
 
+    tx = sub.add_parser("text", help="tokenise UTF-8 text files into a token stream (layout T2)")
+    tx.add_argument("inputs", nargs="+", metavar="FILE|DIR",
+                    help="text files, joined in order; a directory: its regular files without '.' in the name, sorted")
+    tx.add_argument("-o", "--output", required=True)
+    tx.add_argument("--tokenizer", choices=("bytes", "chars"), default="bytes",
+                    help="bytes: id = UTF-8 byte (vocab_size 256); chars: id = index of the code point among the "
+                         "text's distinct ones, sorted (default bytes)")
+    tx.add_argument("--test-fraction", type=exact_fraction, default="0.1", metavar="F",
+                    help="the last floor(F * L) tokens are /test/tokens; 0: no test split (default 0.1)")
+    tx.add_argument("--context", type=int, default=DEFAULT_CONTEXT, metavar="T",
+                    help=f"attribute context of the streams; each split needs T + 1 tokens (default {DEFAULT_CONTEXT})")
+
+    tk = sub.add_parser("tokens", help="convert .bin token arrays (nanoGPT raw, llm.c with header) to a token stream")
+    tk.add_argument("input", metavar="TRAIN.bin")
+    tk.add_argument("--test", metavar="TEST.bin")
+    tk.add_argument("--vocab-size", type=int, required=True, metavar="V", help="every id must be < V")
+    tk.add_argument("-o", "--output", required=True)
+    tk.add_argument("--dtype", choices=("uint16", "uint32"), default="uint16",
+                    help="type of a raw .bin's ids, kept in the output (default uint16; llm.c's are uint16)")
+    tk.add_argument("--context", type=int, default=DEFAULT_CONTEXT, metavar="T",
+                    help=f"attribute context of the streams; each needs T + 1 tokens (default {DEFAULT_CONTEXT})")
+    tk.add_argument("--tokenizer", metavar="NAME", help="written as the root attribute tokenizer (e.g. gpt2)")
+
     ck = sub.add_parser("check", help="validate a file against the layout of docs/DATA.md and summarise it")
     ck.add_argument("file")
+    ck.add_argument("--context", type=int, metavar="T",
+                    help="the context of token streams, instead of their attribute context (as h5ddp-train --context)")
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    commands = {"fashion-mnist": cmd_fashion_mnist, "idx": cmd_idx, "npz": cmd_npz, "check": cmd_check}
+    commands = {"fashion-mnist": cmd_fashion_mnist, "idx": cmd_idx, "npz": cmd_npz, "text": cmd_text,
+                "tokens": cmd_tokens, "check": cmd_check}
     try:
         commands[args.command](args)
     except (DataError, OSError) as e:  # OSError: a file that cannot be read or written (HDF5's too)

@@ -2,7 +2,9 @@
 IDX files decoded here independently), its attributes exact, every dataset contiguous; an .npz round trip with
 --channels-last and --compute-stats (statistics equal NumPy's); float regression targets; bad inputs refused with
 exit 2, one line naming what is wrong, and no output file left behind; `check` refusing a missing /train/y and a
-chunked /train/x.
+chunked /train/x. Token data (format 2): `text` from a directory and from files (bytes and chars round trip, the
+train/test split point exact), `tokens` from raw uint16/uint32 .bin files and llm.c's (header checked), ids >= the
+vocabulary size and streams shorter than one window refused, and `check` on good and hand-made bad T1/T2 files.
 
   /usr/bin/python3 tests/data/test_convert.py [--work-dir DIR]
 """
@@ -194,6 +196,235 @@ def test_bad_inputs(work):
         refused(work, None, "check", path, says=[path] + says)
 
 
+# ---- token data (docs/DATA.md, "Token data (language models)") --------------------------------------------------
+
+TEXT_BLOCK = 4 << 20  # the tool reads text in blocks of 4 MiB: the corpus below cuts a character at the first seam
+
+
+def token_file(path):
+    """(root attributes, {split: (tokens, their attributes)}) of a token stream file, checked contiguous."""
+    with h5py.File(path, "r") as f:
+        splits = {}
+        for split in ("train", "test"):
+            if split in f:
+                ds = f[f"{split}/tokens"]
+                assert contiguous(ds) and ds.ndim == 1, f"{split}/tokens"
+                splits[split] = (ds[()], dict(ds.attrs))
+        return dict(f.attrs), splits
+
+
+def make_corpus(work):
+    """A directory of text files and the text `text DIR` must read from it: a, b, z joined (a newline after a, which
+    lacks one; b ends with one; the empty c adds nothing; z's missing final newline stays missing); c.dat (not
+    UTF-8), the symlink e and the subdirectory f are not read."""
+    d = os.path.join(work, "corpus")
+    os.makedirs(os.path.join(d, "f"))
+    rng = np.random.default_rng(40)
+    alphabet = np.array(list("abcdefgh \n,.") + ["é", "ж", "€", "😀"])
+    a = "x" * (TEXT_BLOCK - 1) + "€" + "".join(rng.choice(alphabet, 300000)).rstrip("\n") + "ñ"
+    texts = {"a": a, "b": "zweite Datei: Grüße\n", "c": "", "z": "the end, no newline"}
+    for name, text in texts.items():
+        with open(os.path.join(d, name), "w", encoding="utf-8") as f:
+            f.write(text)
+    with open(os.path.join(d, "c.dat"), "wb") as f:
+        f.write(b"\x00\x02\xff\xfe binary")
+    with open(os.path.join(d, "f", "inner"), "w") as f:
+        f.write("not read")
+    os.symlink("b", os.path.join(d, "e"))
+    return d, a + "\n" + texts["b"] + texts["z"]
+
+
+def test_text(work):
+    d, text = make_corpus(work)
+    data = text.encode("utf-8")
+    out = os.path.join(work, "text-bytes.h5")
+    r = tool("text", d, "-o", out)
+    attrs, splits = token_file(out)
+    assert attrs["h5ddp_data_format"] == 2 and attrs["h5ddp_data_format"].dtype == np.int64, attrs
+    assert attrs["vocab_size"] == 256 and attrs["tokenizer"] == "bytes" and "vocab" not in attrs, attrs
+    (train, train_attrs), (test, test_attrs) = splits["train"], splits["test"]
+    n_test = len(data) // 10  # floor(0.1 * L), exactly
+    assert len(test) == n_test and len(train) == len(data) - n_test, (len(train), len(test), len(data))
+    assert train.dtype == np.uint16 and test.dtype == np.uint16
+    assert bytes(np.concatenate([train, test]).astype(np.uint8)).decode("utf-8") == text, "bytes do not round trip"
+    assert bytes(test.astype(np.uint8)) == data[len(data) - n_test:], "the test split is not the last tenth"
+    for a in (train_attrs, test_attrs):
+        assert a["context"] == 128 and a["context"].dtype == np.int64, a
+    assert f"train {len(train)} tokens" in r.stdout, r.stdout
+    r = tool("check", out)
+    for s in ("h5ddp data format 2", "vocab_size 256", "tokenizer bytes", "layout T2", f"{len(train)} uint16 tokens",
+              f"{(len(train) - 1) // 128} windows", f"{(n_test - 1) // 128} windows", "language model"):
+        assert s in r.stdout, (s, r.stdout)
+
+    # Files named one by one, a fraction that is not a binary fraction (exact split), another context.
+    out = os.path.join(work, "text-files.h5")
+    names = [os.path.join(d, n) for n in ("b", "z")]
+    tool("text", *names, "-o", out, "--test-fraction", "0.3", "--context", 4)
+    small = ("zweite Datei: Grüße\n" + "the end, no newline").encode("utf-8")
+    _, splits = token_file(out)
+    cut = len(small) - len(small) * 3 // 10
+    assert bytes(splits["train"][0].astype(np.uint8)) == small[:cut], splits["train"][0]
+    assert bytes(splits["test"][0].astype(np.uint8)) == small[cut:], splits["test"][0]
+    assert splits["test"][1]["context"] == 4
+    hundred = os.path.join(work, "hundred.txt")  # 0.29 * 100 is 28.999999999999996 in floating point; exactly 29
+    with open(hundred, "w") as f:
+        f.write("0123456789" * 10)
+    tool("text", hundred, "-o", out, "--test-fraction", "0.29", "--context", 4)
+    _, splits = token_file(out)
+    assert len(splits["train"][0]) == 71 and len(splits["test"][0]) == 29, {k: len(v[0]) for k, v in splits.items()}
+    tool("text", *names, "-o", out, "--test-fraction", 0, "--context", 4)
+    _, splits = token_file(out)
+    assert list(splits) == ["train"] and bytes(splits["train"][0].astype(np.uint8)) == small
+    assert "no test split" in tool("check", out).stdout
+
+    # chars: the vocabulary is the sorted distinct code points; ids index it.
+    out = os.path.join(work, "text-chars.h5")
+    tool("text", d, "-o", out, "--tokenizer", "chars", "--context", 64)
+    attrs, splits = token_file(out)
+    vocab = attrs["vocab"]
+    assert vocab.dtype == np.int32 and list(vocab) == sorted(set(map(ord, text))), vocab
+    assert attrs["vocab_size"] == len(vocab) and attrs["tokenizer"] == "chars", attrs
+    ids = np.concatenate([splits["train"][0], splits["test"][0]])
+    assert len(splits["test"][0]) == len(text) // 10, (len(splits["test"][0]), len(text))
+    assert "".join(map(chr, vocab[ids])) == text, "chars do not round trip"
+    r = tool("check", out)
+    assert f"vocab_size {len(vocab)}, tokenizer chars, context T = 64" in r.stdout, r.stdout
+    cjk = os.path.join(work, "cjk.txt")  # 20000 code points: a vocab attribute of 80000 bytes, over HDF5's 64 KiB
+    with open(cjk, "w", encoding="utf-8") as f:
+        f.write("".join(map(chr, range(0x4E00, 0x4E00 + 20000))) * 2)
+    tool("text", cjk, "-o", out, "--tokenizer", "chars")
+    attrs, _ = token_file(out)
+    assert attrs["vocab_size"] == 20000 and list(attrs["vocab"]) == list(range(0x4E00, 0x4E00 + 20000))
+    tool("check", out)
+
+    # Not UTF-8 (named with the byte), a directory without text files, too short for one window.
+    bad = os.path.join(d, "c.dat")
+    refused(work, out + "x", "text", os.path.join(d, "b"), bad, "-o", out + "x", says=[bad, "not UTF-8", "byte 2"])
+    refused(work, out + "x", "text", os.path.join(d, "f", "inner"), "-o", out + "x",
+            says=["inner", "/train/tokens", "shorter than one window (129 tokens at --context 128)"])
+    refused(work, out + "x", "text", *names, "--context", 20, "-o", out + "x",
+            says=["/test/tokens", ": 4 tokens", "shorter than one window (21 tokens"])
+    os.makedirs(os.path.join(work, "empty"))
+    refused(work, out + "x", "text", os.path.join(work, "empty"), "-o", out + "x", says=["empty", "no regular file"])
+
+
+def llmc_bin(path, tokens, count=None):
+    header = np.zeros(256, np.int32)
+    header[:3] = (20240520, 1, len(tokens) if count is None else count)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, "<u2").tobytes())
+
+
+def test_tokens(work):
+    rng = np.random.default_rng(41)
+    # 4.5 M ids: more than one of the tool's blocks (4 Mi ids), so a bad id's index must count across blocks.
+    train = rng.integers(0, 50257, 4_500_000).astype("<u2")
+    test = rng.integers(0, 50257, 1000).astype("<u2")
+    train_bin, test_bin = os.path.join(work, "train.bin"), os.path.join(work, "val.bin")
+    train.tofile(train_bin)
+    test.tofile(test_bin)
+    out = os.path.join(work, "tokens.h5")
+    tool("tokens", train_bin, "--test", test_bin, "--vocab-size", 50257, "--tokenizer", "gpt2", "--context", 64,
+         "-o", out)
+    attrs, splits = token_file(out)
+    assert attrs["vocab_size"] == 50257 and attrs["tokenizer"] == "gpt2" and attrs["h5ddp_data_format"] == 2, attrs
+    assert splits["train"][0].dtype == np.uint16 and np.array_equal(splits["train"][0], train)
+    assert np.array_equal(splits["test"][0], test) and splits["test"][1]["context"] == 64
+    r = tool("check", out)
+    assert f"{len(train)} uint16 tokens, {(len(train) - 1) // 64} windows" in r.stdout, r.stdout
+    assert "tokenizer gpt2" in r.stdout and "15 windows" in r.stdout, r.stdout
+
+    small = rng.integers(0, 100000, 5000).astype("<u4")
+    raw32 = os.path.join(work, "u32.bin")
+    small.tofile(raw32)
+    tool("tokens", raw32, "--dtype", "uint32", "--vocab-size", 100000, "-o", out)
+    _, splits = token_file(out)
+    assert splits["train"][0].dtype == np.uint32 and np.array_equal(splits["train"][0], small)
+
+    llmc = os.path.join(work, "llmc.bin")
+    llmc_bin(llmc, test)
+    tool("tokens", llmc, "--vocab-size", 50257, "-o", out)
+    attrs, splits = token_file(out)
+    assert np.array_equal(splits["train"][0], test), "llm.c tokens differ (header taken for tokens?)"
+    assert "llm.c" in attrs["source"] and "test" not in splits, attrs
+
+    bad = os.path.join(work, "bad")
+    llmc_bin(bad + "-count.bin", test, count=len(test) + 1)
+    refused(work, bad + ".h5", "tokens", bad + "-count.bin", "--vocab-size", 50257, "-o", bad + ".h5",
+            says=[bad + "-count.bin", "header says 1001 tokens", "2000 bytes"])
+    refused(work, bad + ".h5", "tokens", llmc, "--dtype", "uint32", "--vocab-size", 50257, "-o", bad + ".h5",
+            says=[llmc, "uint16"])
+    high = train.copy()
+    high[4_400_000] = 50257
+    high.tofile(bad + "-id.bin")
+    refused(work, bad + ".h5", "tokens", bad + "-id.bin", "--vocab-size", 50257, "-o", bad + ".h5",
+            says=[bad + "-id.bin", "token id 50257 at index 4400000", "[0, 50257)"])
+    train[:64].tofile(bad + "-short.bin")
+    refused(work, bad + ".h5", "tokens", bad + "-short.bin", "--vocab-size", 50257, "--context", 64, "-o", bad + ".h5",
+            says=[bad + "-short.bin", "64 tokens", "shorter than one window (65 tokens"])
+    with open(bad + "-odd.bin", "wb") as f:
+        f.write(b"\1\0\2")
+    refused(work, bad + ".h5", "tokens", bad + "-odd.bin", "--vocab-size", 50257, "-o", bad + ".h5",
+            says=[bad + "-odd.bin", "3 bytes", "uint16"])
+
+
+def test_check_tokens(work):
+    """check on hand-made token files: T1 with per-position labels (-100 ignored) and with class labels pass; each
+    defect is one line naming its dataset."""
+    rng = np.random.default_rng(42)
+    x = rng.integers(0, 5, (30, 8)).astype(np.uint8)
+    y = np.roll(x, -1, axis=1).astype(np.int64)
+    y[:, -1] = -100
+    classes = rng.integers(0, 3, 30)
+
+    def write(name, make, vocab_size=5):
+        path = os.path.join(work, name)
+        with h5py.File(path, "w") as f:
+            if vocab_size is not None:
+                f.attrs["vocab_size"] = vocab_size
+            make(f)
+        return path
+
+    def pair(xs, ys):
+        return lambda f: (f.create_dataset("train/x", data=xs), f.create_dataset("train/y", data=ys))
+
+    r = tool("check", write("t1.h5", pair(x, y)))
+    assert "30 token samples (layout T1) of 8 uint8 ids" in r.stdout and "30 ignored (-100)" in r.stdout, r.stdout
+    assert "labels in [0, 4]" in r.stdout and "language model" in r.stdout, r.stdout
+    path = write("t1c.h5", lambda f: (pair(x, classes)(f), f.attrs.create("num_classes", 3)))
+    r = tool("check", path)
+    assert "class labels in [0, 2], 3 classes" in r.stdout and "T = 8: sequence classification" in r.stdout, r.stdout
+
+    y_label7 = y.copy()
+    y_label7[11, 3] = 7
+    stream = rng.integers(0, 5, 100).astype(np.uint16)
+    hi = stream.copy()
+    hi[77] = 5
+    for name, make, says, vocab_size in (
+            ("t1-wide-y.h5", pair(x, np.zeros((30, 9), np.int64)), ["/train/y", "label shape does not match"], 5),
+            ("t1-label7.h5", pair(x, y_label7), ["/train/y", "label 7 at row 11, position 3", "[0, 5)"], 5),
+            ("t1-mean.h5", lambda f: (pair(x, y)(f), f["train/x"].attrs.create("mean", np.float32(0.5))),
+             ["/train/x", "attribute mean"], 5),
+            ("t1-id.h5", pair(np.where(x == 4, 5, x).astype(np.int32), y), ["/train/x", "token id 5 at row"], 5),
+            ("t1-no-vocab.h5", pair(x.astype(np.int16), y), ["/train/x", "vocab_size"], None),
+            ("both.h5", lambda f: (pair(x, y)(f), f.create_dataset("train/tokens", data=stream)),
+             ["/train", "both tokens and x/y"], 5),
+            ("t2-no-context.h5", lambda f: f.create_dataset("train/tokens", data=stream),
+             ["/train/tokens", "no attribute context"], 5),
+            ("t2-id.h5", lambda f: f.create_dataset("train/tokens", data=hi).attrs.create("context", 8),
+             ["/train/tokens", "token id 5 at index 77"], 5),
+            ("t2-short.h5", lambda f: f.create_dataset("train/tokens", data=stream).attrs.create("context", 100),
+             ["/train/tokens", "100 tokens", "shorter than one window"], 5),
+            ("t2-int16.h5", lambda f: f.create_dataset("train/tokens", data=stream.astype(np.int16)),
+             ["/train/tokens", "dtype <i2"], 5)):
+        path = write(name, make, vocab_size)
+        refused(work, None, "check", path, says=[path] + says)
+    # A stream without a context attribute is read with --context, as h5ddp-train --context reads it.
+    r = tool("check", os.path.join(work, "t2-no-context.h5"), "--context", 9)
+    assert "100 uint16 tokens, 11 windows of 9 + 1" in r.stdout, r.stdout
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--work-dir", help="scratch directory (emptied first; default a temporary one)")
@@ -204,7 +435,8 @@ def main():
     work = args.work_dir or tempfile.mkdtemp(prefix="h5ddp-data-test-")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    for case in (test_fashion_mnist, test_npz_channels_last, test_npz_regression, test_bad_inputs):
+    for case in (test_fashion_mnist, test_npz_channels_last, test_npz_regression, test_bad_inputs, test_text,
+                 test_tokens, test_check_tokens):
         t = time.time()
         case(work)
         print(f"ok {case.__name__} ({time.time() - t:.1f} s)", flush=True)
