@@ -21,7 +21,9 @@ const Subcommand kSubcommands[] = {
      h5ddp::ckpt_tool::run_verify},
     {"diff", "diff A B             per-tensor max abs/rel difference (exit 0 identical, 1 differ, 2 error)",
      h5ddp::ckpt_tool::run_diff},
-    {"export", "export FILE --to OUT.pt [--add-prefix module.]   a dict for torch.load (model, optimizer, counters)",
+    {"export",
+     "export FILE --to OUT.pt [--add-prefix module.]   a dict for torch.load (model, optimizer, counters);\n"
+     "         --format safetensors --to OUT.safetensors: the model's weights only",
      h5ddp::ckpt_tool::run_export},
     {"import",
      "import IN.pt --to FILE.h5 [--model cnn|mlp]      a torch.save'd state dict as a checkpoint for --init-from",

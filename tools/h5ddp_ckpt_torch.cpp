@@ -21,6 +21,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: h5ddp-ckpt <command> ...   (LibTorch commands, run by h5ddp-ckpt-torch)\n"
     "  export FILE --to OUT.pt [--add-prefix module.]\n"
+    "  export FILE --format safetensors --to OUT.safetensors [--add-prefix P]   the model's weights only\n"
     "        write a dict that torch.load reads: model (state dict), optimizer (torch.optim state dict keyed\n"
     "        by parameter name), optimizer_type, step, epoch, samples_consumed, lr_scheduler, data, rng_cpu, meta\n"
     "  import IN.pt --to FILE.h5 [--model cnn|mlp [--mlp-hidden 1024,1024]] [--force]\n"
@@ -96,15 +97,21 @@ int run(const std::string& command, int argc, char** argv, h5ddp::MpiComm* comm,
   using namespace h5ddp::interop;
   const bool root = comm == nullptr || comm->rank() == 0;
   if (command == "export") {
-    const auto c = parse(argc, argv, 2, {"to", "add-prefix"}, {});
+    const auto c = parse(argc, argv, 2, {"to", "add-prefix", "format"}, {});
     ExportOptions o;
     o.input = one_file(c, "checkpoint FILE");
-    if (!c.options.count("to")) throw h5ddp::ConfigError("needs --to OUT.pt");
+    if (!c.options.count("to")) throw h5ddp::ConfigError("needs --to OUT.pt (or --format safetensors --to OUT)");
     o.output = c.options.at("to");
     if (c.options.count("add-prefix")) o.add_prefix = c.options.at("add-prefix");
+    const bool st_name = o.output.size() > 12 && o.output.substr(o.output.size() - 12) == ".safetensors";
+    o.format = c.options.count("format") ? c.options.at("format") : (st_name ? "safetensors" : "pt");
+    if (o.format != "pt" && o.format != "safetensors")
+      throw h5ddp::ConfigError("--format is pt or safetensors, got '" + o.format + "'");
     if (dry) return 0;
     const size_t n = export_checkpoint(*comm, o);
-    if (root) std::printf("exported %zu model tensors of %s to %s\n", n, o.input.c_str(), o.output.c_str());
+    if (root)
+      std::printf("exported %zu model tensors of %s to %s%s\n", n, o.input.c_str(), o.output.c_str(),
+                  o.format == "safetensors" ? " (safetensors, weights only)" : "");
     return 0;
   }
   if (command == "import") {
@@ -145,7 +152,11 @@ int run(const std::string& command, int argc, char** argv, h5ddp::MpiComm* comm,
     }
     if (dry) return 0;
     const EvalResult r = evaluate_checkpoint(*comm, o);
-    if (root)
+    if (root && r.perplexity >= 0)  // a language model: per-token numbers
+      std::printf("model %s  split %s  samples %lld  tokens %lld  loss %.9f  perplexity %.6f  accuracy %.6f\n",
+                  r.model.c_str(), o.split.c_str(), static_cast<long long>(r.images),
+                  static_cast<long long>(r.positions), r.loss, r.perplexity, r.accuracy);
+    else if (root)
       std::printf("model %s  split %s  images %lld  loss %.9f  accuracy %.6f\n", r.model.c_str(), o.split.c_str(),
                   static_cast<long long>(r.images), r.loss, r.accuracy);  // accuracy -1: regression
     return 0;

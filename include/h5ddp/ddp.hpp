@@ -113,6 +113,16 @@ class DistributedDataParallel {
   // parameter's .grad is zero, as after zero_grad().
   void gather_parameters();
 
+  // Collective, after finish_backward (outside no_sync). Clips the global L2 norm of the averaged gradients to
+  // `max_norm` (> 0), as torch.nn.utils.clip_grad_norm_ does: total = the norm of the per-tensor norms,
+  // coefficient = min(1, max_norm / (total + 1e-6)) in the gradients' dtype, every gradient multiplied by it.
+  // Replicated, the arithmetic is PyTorch's, so the gradients equal clip_grad_norm_'s bit for bit; with
+  // shard_optimizer each rank holds only its parameters' gradients, so the norm is the square root of the
+  // ranks' summed squared norms (equal to PyTorch's within float rounding). One allreduce makes the total one
+  // agreed value on every rank. Returns it; when it is not finite on any rank (inf or NaN: an overflow somewhere)
+  // nothing is scaled and every rank returns NaN, so a caller can skip the step on every rank alike.
+  double clip_grad_norm(double max_norm);
+
   struct Stats {
     size_t steps = 0;                         // synchronised finish_backward calls
     size_t buckets_launched = 0;              // all launches

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -485,6 +487,36 @@ std::vector<torch::Tensor> DistributedDataParallel::owned_parameters() const {
   for (size_t i = 0; i < params_.size(); ++i)
     if (owners_[i] == comm_.rank()) out.push_back(params_[i]);
   return out;
+}
+
+double DistributedDataParallel::clip_grad_norm(double max_norm) {
+  H5DDP_CHECK(max_norm > 0, "DDP: clip_grad_norm needs max_norm > 0");
+  H5DDP_CHECK(!no_sync_, "DDP: clip_grad_norm inside no_sync (the gradients are not reduced yet)");
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const torch::Tensor& p : owned_parameters())
+    if (p.grad().defined()) grads.push_back(p.grad());
+  std::vector<torch::Tensor> norms;
+  for (const torch::Tensor& g : grads) norms.push_back(torch::norm(g, 2));
+  double total = 0;
+  if (options_.shard_optimizer) {  // this rank's squared share, summed over ranks
+    double squares = norms.empty() ? 0.0 : torch::stack(norms).to(torch::kDouble).pow(2).sum().item<double>();
+    comm_.allreduce(&squares, 1, DType::kF64, ReduceOp::kSum);
+    total = std::sqrt(squares);
+  } else if (!norms.empty()) {
+    total = torch::norm(torch::stack(norms), 2).item<double>();
+  }
+  // One verdict everywhere (replicated ranks computed the same value; the max makes it so regardless).
+  const bool finite = std::isfinite(total);
+  double agreed[2] = {finite ? total : 0.0, finite ? 0.0 : 1.0};
+  comm_.allreduce(agreed, 2, DType::kF64, ReduceOp::kMax);
+  if (agreed[1] > 0) return std::numeric_limits<double>::quiet_NaN();
+  if (grads.empty()) return agreed[0];
+  const torch::Tensor total_t = torch::full({}, agreed[0], grads.front().options());
+  // PyTorch: clip_coef = max_norm / (total_norm + 1e-6), where float / tensor is tensor.reciprocal() * float.
+  const torch::Tensor coef = torch::clamp((total_t + 1e-6).reciprocal() * max_norm, c10::nullopt, 1.0);
+  for (torch::Tensor& g : grads) g.mul_(coef);
+  return agreed[0];
 }
 
 void DistributedDataParallel::gather_parameters() {

@@ -23,8 +23,10 @@ std::pair<torch::Tensor, torch::Tensor> batch_tensors(const Dataset& data, const
   const SampleSpec& spec = data.spec();
   std::vector<int64_t> shape{static_cast<int64_t>(indices.size())};
   shape.insert(shape.end(), spec.shape.begin(), spec.shape.end());
-  auto x = torch::from_blob(rows.x.data(), shape, torch::kFloat32).clone();
+  auto x = spec.tokens ? torch::from_blob(rows.ids.data(), shape, torch::kLong).clone()
+                       : torch::from_blob(rows.x.data(), shape, torch::kFloat32).clone();
   const int64_t b = static_cast<int64_t>(indices.size());
+  if (spec.per_position) return {x, torch::from_blob(rows.labels.data(), shape, torch::kLong).clone()};
   if (spec.classification) return {x, torch::from_blob(rows.labels.data(), {b}, torch::kLong).clone()};
   std::vector<int64_t> yshape{b};
   if (spec.target_width > 0) yshape.push_back(spec.target_width);
@@ -32,7 +34,11 @@ std::pair<torch::Tensor, torch::Tensor> batch_tensors(const Dataset& data, const
 }
 
 torch::Tensor batch_loss(const SampleSpec& spec, const torch::Tensor& out, const torch::Tensor& y) {
-  if (spec.classification) return torch::nn::functional::cross_entropy(out, y);
+  namespace F = torch::nn::functional;
+  if (spec.per_position)
+    return F::cross_entropy(out.reshape({-1, out.size(-1)}), y.reshape(-1),
+                            F::CrossEntropyFuncOptions().ignore_index(SampleSpec::kIgnoreLabel));
+  if (spec.classification) return F::cross_entropy(out, y);
   return torch::mse_loss(out.reshape(y.sizes()), y);
 }
 
@@ -64,11 +70,16 @@ AutocastScope::~AutocastScope() {
   }
 }
 
+int64_t score_batch_rows(const SampleSpec& spec) {
+  return spec.tokens ? std::max<int64_t>(1, 8192 / spec.numel()) : 1000;
+}
+
 ScoreSums score_rows(const Forward& forward, const Dataset& data, int64_t begin, int64_t end, int64_t batch,
                      const Compute& compute) {
   torch::NoGradGuard no_grad;
   ScoreSums s;
   const SampleSpec& spec = data.spec();
+  if (batch <= 0) batch = score_batch_rows(spec);
   std::vector<int64_t> idx;
   for (int64_t b = begin; b < end; b += batch) {
     const int64_t e = std::min(end, b + batch);
@@ -81,6 +92,18 @@ ScoreSums score_rows(const Forward& forward, const Dataset& data, int64_t begin,
     {
       AutocastScope autocast(compute);
       out = forward(x).to(torch::kFloat32);
+    }
+    if (spec.per_position) {
+      namespace F = torch::nn::functional;
+      const auto logits = out.reshape({-1, out.size(-1)}), labels = y.reshape(-1);
+      const auto scored = labels.ne(SampleSpec::kIgnoreLabel);
+      s.correct += static_cast<double>(logits.argmax(1).eq(labels).logical_and(scored).sum().item<int64_t>());
+      s.loss +=
+          F::cross_entropy(logits, labels,
+                           F::CrossEntropyFuncOptions().reduction(torch::kSum).ignore_index(SampleSpec::kIgnoreLabel))
+              .item<double>();
+      s.rows += static_cast<double>(scored.sum().item<int64_t>());
+      continue;
     }
     if (spec.classification) {
       s.correct += static_cast<double>(out.argmax(1).eq(y).sum().item<int64_t>());
@@ -111,6 +134,12 @@ int64_t check_model_accepts(const Forward& forward, const Dataset& data, const C
     throw DataError("the model does not take the samples of " + data.describe() + " (sample shape " +
                     spec.shape_text() + ", a batch " + sizes_text(x) + "): " + e.what());
   }
+  if (spec.per_position) {
+    if (out.dim() != 3 || out.size(0) != n || out.size(1) != spec.shape[0])
+      throw DataError("the model returns " + sizes_text(out) + " for a batch " + sizes_text(x) + " of " +
+                      data.describe() + "; a language model needs logits [batch, T, vocabulary]");
+    return out.size(2);
+  }
   if (spec.classification) {
     if (out.dim() != 2 || out.size(0) != n)
       throw DataError("the model returns " + sizes_text(out) + " for a batch " + sizes_text(x) + " of " +
@@ -126,10 +155,10 @@ int64_t check_model_accepts(const Forward& forward, const Dataset& data, const C
 
 ScoreSums score_distributed(const Forward& forward, const Dataset& data, Comm& comm, const Compute& compute) {
   const int64_t n = data.size(), r = comm.rank(), w = comm.size();
-  const ScoreSums s = score_rows(forward, data, n * r / w, n * (r + 1) / w, 1000, compute);
-  double sums[2] = {s.correct, s.loss};
-  comm.allreduce(sums, 2, DType::kF64, ReduceOp::kSum);
-  return ScoreSums{sums[0], sums[1], static_cast<double>(n)};
+  const ScoreSums s = score_rows(forward, data, n * r / w, n * (r + 1) / w, 0, compute);
+  double sums[3] = {s.correct, s.loss, s.rows};
+  comm.allreduce(sums, 3, DType::kF64, ReduceOp::kSum);
+  return ScoreSums{sums[0], sums[1], sums[2]};
 }
 
 }  // namespace h5ddp

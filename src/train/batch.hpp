@@ -16,18 +16,22 @@ namespace h5ddp {
 
 using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 
-// Local. Rows `indices` of `data` as tensors: x [B, *sample shape] float32 and y ([B] int64 labels, or float
-// targets [B] / [B, K]).
+// Local. Rows `indices` of `data` as tensors: x [B, *sample shape] float32 (token data: int64 ids [B, T]) and y
+// ([B] int64 labels, per-position labels [B, T], or float targets [B] / [B, K]).
 std::pair<torch::Tensor, torch::Tensor> batch_tensors(const Dataset& data, const std::vector<int64_t>& indices);
 
-// The training loss of a batch (mean over the batch): cross-entropy, or MSE with the output viewed as y.
+// The training loss of a batch (mean over the batch): cross-entropy, or MSE with the output viewed as y; per-position
+// labels: next-token cross-entropy of logits [B, T, V], the mean over the positions not labelled kIgnoreLabel.
 torch::Tensor batch_loss(const SampleSpec& spec, const torch::Tensor& out, const torch::Tensor& y);
 
 struct ScoreSums {
-  double correct = 0;  // classification: rows whose argmax is the label
+  double correct = 0;  // classification: rows (per position: positions) whose argmax is the label
   double loss = 0;     // summed per-row loss (cross-entropy; regression: mean squared error of the row)
-  double rows = 0;
+  double rows = 0;     // rows scored; per-position labels: positions scored (not kIgnoreLabel)
 };
+
+// Rows a scoring forward takes at once: 1000, token data about 8192 tokens' worth.
+int64_t score_batch_rows(const SampleSpec& spec);
 
 // How a batch is computed: where (the model's device; batches are moved there) and in which precision.
 struct Compute {
@@ -50,12 +54,13 @@ class AutocastScope {
   at::ScalarType was_dtype_ = at::kFloat;
 };
 
-// Local. Scores rows [begin, end) of `data` (the caller sets eval mode; no grad here), `batch` rows at a time.
-ScoreSums score_rows(const Forward& forward, const Dataset& data, int64_t begin, int64_t end, int64_t batch = 1000,
+// Local. Scores rows [begin, end) of `data` (the caller sets eval mode; no grad here), `batch` rows at a time
+// (0: score_batch_rows).
+ScoreSums score_rows(const Forward& forward, const Dataset& data, int64_t begin, int64_t end, int64_t batch = 0,
                      const Compute& compute = {});
 
-// Collective. Each rank scores a contiguous share of `data` (score_rows, 1000 rows at a time); one allreduce
-// sums the shares, so every rank returns the sums over the whole of `data` (rows = data.size()).
+// Collective. Each rank scores a contiguous share of `data` (score_rows); one allreduce sums the shares, so every
+// rank returns the sums over the whole of `data`.
 ScoreSums score_distributed(const Forward& forward, const Dataset& data, Comm& comm, const Compute& compute = {});
 
 // Local. Checks that `forward` takes `data`'s samples and returns what its labels or targets need (one row of

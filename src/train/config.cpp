@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -78,7 +79,10 @@ po::options_description general_options(TrainConfig& c, Switches& sw) {
       "*-ubyte.gz files")("data", po::value(&c.data_file),
                           "train on an HDF5 data set (/train/x, /train/y, /test/x, /test/y; "
                           "docs/DATA.md) instead of Fashion-MNIST; each rank reads only its rows")(
-      "run-dir", po::value(&c.run_dir)->default_value(c.run_dir), "directory for checkpoints (created if missing)")(
+      "context", po::value(&c.context)->default_value(c.context),
+      "a token stream's window length T (--data with /train/tokens): a sample is T tokens and their T next "
+      "tokens; 0 = the stream's context attribute")("run-dir", po::value(&c.run_dir)->default_value(c.run_dir),
+                                                    "directory for checkpoints (created if missing)")(
       "threads", po::value(&c.threads)->default_value(c.threads), "LibTorch intra-op threads per rank")(
       "device", po::value(&c.device)->default_value(c.device),
       "auto | cpu | cuda: cuda trains each rank on its own GPU (the one it sees, or the one at its local rank) "
@@ -146,6 +150,10 @@ po::options_description training_options(TrainConfig& c, Switches& sw) {
   train.add_options()("grad-accum", po::value(&c.grad_accum)->default_value(c.grad_accum),
                       "micro-batches per optimizer step: each rank's share of the global batch is split in K, "
                       "gradients accumulate locally (DDP no_sync) and are reduced once");
+  train.add_options()("grad-clip", po::value(&c.grad_clip)->default_value(c.grad_clip),
+                      "clip the global L2 norm of the averaged gradients to NORM (as torch.nn.utils."
+                      "clip_grad_norm_; sharded: the norm of all shards); a non-finite norm skips the step on "
+                      "every rank. 0 = off. The norm goes to metrics.jsonl as grad_norm");
   train.add_options()("shard-optimizer", po::bool_switch(&c.shard_optimizer),
                       "ZeRO-1: each rank keeps the optimizer state of its share of the parameters (whole "
                       "tensors, balanced by bytes); gradients are reduce-scattered, updated parameters "
@@ -245,6 +253,8 @@ void validate_run(TrainConfig& c, const Switches& sw) {
           "needs --eval-every-steps N or --eval-every-epoch (the score it keeps the best of)");
   require(c.lr_warmup_steps >= 0, "lr-warmup-steps", c.lr_warmup_steps, "must be >= 0");
   require(c.grad_accum >= 1, "grad-accum", c.grad_accum, "must be >= 1");
+  require(c.grad_clip >= 0 && std::isfinite(c.grad_clip), "grad-clip", c.grad_clip, "must be a number >= 0 (0: off)");
+  require(c.context >= 0, "context", c.context, "must be >= 0 (0: the stream's context attribute)");
   require(!c.resume.empty(), "resume", c.resume, "must be auto, none or a checkpoint path");
   require(c.init_from.empty() || c.resume == "auto" || c.resume == "none", "init-from", c.init_from,
           "starts a fresh run from these weights; --resume " + c.resume +

@@ -22,6 +22,7 @@ struct TrainConfig {
   ModelSpec model;
   std::string data_dir = kDefaultFashionMnistDir;
   std::string data_file;  // --data: an HDF5 data set (docs/DATA.md) instead of Fashion-MNIST from data_dir
+  int64_t context = 0;    // --context: a token stream's window length (0: the stream's attribute)
   int64_t epochs = 1;
   int64_t max_steps = 0;           // 0 = no limit: stop after `epochs` epochs
   int64_t batch_size = 120;        // GLOBAL batch over all ranks
@@ -66,6 +67,7 @@ struct TrainConfig {
   int64_t lr_warmup_steps = 0;            // linear warmup over the first N steps
   bool replan_lr_schedule = false;        // on resume: plan the schedule from this run's options, not the checkpoint's
   int64_t grad_accum = 1;                 // micro-batches per optimizer step (gradients accumulated under no_sync)
+  double grad_clip = 0;                   // clip the global gradient norm to this (0: off)
   bool metrics = true;                    // append to RUN_DIR/metrics.jsonl (rank 0)
   bool final_checkpoint = true;           // save at the end of training
   std::vector<std::string> command_line;  // argv as given (for the "how to resume" hint)

@@ -1,6 +1,7 @@
 #include "train/run_log.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <filesystem>
@@ -40,24 +41,44 @@ void RunLog::resume(int64_t step, int world_size, const std::string& from, int s
                  .add("load_seconds", load_seconds));
 }
 
-void RunLog::train(int64_t step, int64_t epoch, double loss, double lr, int64_t global_batch, bool last) {
+void RunLog::train(int64_t step, int64_t epoch, double loss, double lr, int64_t global_batch, bool last,
+                   double grad_norm, int64_t skipped, int64_t tokens_per_sample) {
   loss_ += loss;
   ++steps_;
+  if (std::isfinite(grad_norm) && grad_norm >= 0) {
+    grad_norm_ += grad_norm;
+    ++norms_;
+  }
   if (step % interval_ != 0 && !last) return;
   const double el = seconds_since(interval_start_);
-  log_.write(JsonRecord("train")
-                 .add("step", step)
-                 .add("epoch", epoch)
-                 .add("loss", loss_ / static_cast<double>(steps_))
-                 .add("lr", lr)
-                 .add("samples_per_s", el > 0 ? static_cast<double>(steps_ * global_batch) / el : 0.0));
+  const double samples_per_s = el > 0 ? static_cast<double>(steps_ * global_batch) / el : 0.0;
+  JsonRecord r("train");
+  r.add("step", step)
+      .add("epoch", epoch)
+      .add("loss", loss_ / static_cast<double>(steps_))
+      .add("lr", lr)
+      .add("samples_per_s", samples_per_s);
+  if (tokens_per_sample > 0) r.add("tokens_per_s", samples_per_s * static_cast<double>(tokens_per_sample));
+  if (grad_norm >= 0 || !std::isfinite(grad_norm)) {  // --grad-clip: the interval's mean finite norm
+    if (norms_ > 0)
+      r.add("grad_norm", grad_norm_ / static_cast<double>(norms_));
+    else
+      r.add_null("grad_norm");
+    r.add("skipped_steps", skipped);
+  }
+  log_.write(r);
   loss_ = 0;
   steps_ = 0;
+  grad_norm_ = 0;
+  norms_ = 0;
   interval_start_ = Clock::now();
 }
 
 void RunLog::eval(int64_t step, int64_t epoch, const EvalResult& r) {
-  log_.write(JsonRecord("eval").add("step", step).add("epoch", epoch).add("accuracy", r.accuracy).add("loss", r.loss));
+  JsonRecord e("eval");
+  e.add("step", step).add("epoch", epoch).add("accuracy", r.accuracy).add("loss", r.loss);
+  if (r.perplexity >= 0) e.add("perplexity", r.perplexity);
+  log_.write(e);
 }
 
 void RunLog::save(const SaveRecord& s) {
@@ -86,6 +107,7 @@ void RunLog::end(int64_t step, int64_t epoch, double train_seconds, const EvalRe
   if (final_eval != nullptr) {
     if (final_eval->accuracy >= 0) end.add("test_accuracy", final_eval->accuracy);
     end.add("test_loss", final_eval->loss);
+    if (final_eval->perplexity >= 0) end.add("test_perplexity", final_eval->perplexity);
   }
   log_.write(end);
 }
@@ -97,6 +119,10 @@ void RunLog::error(int64_t step, const std::string& message) {
 namespace console {
 
 std::string eval_line(int64_t step, const EvalResult& r, int64_t samples) {
+  if (r.perplexity >= 0)
+    return printf_string("eval at step %lld: test loss %.4f, perplexity %.3f, token accuracy %.2f%% on %lld tokens",
+                         static_cast<long long>(step), r.loss, r.perplexity, 100.0 * r.accuracy,
+                         static_cast<long long>(r.positions));
   if (r.accuracy >= 0)
     return printf_string("eval at step %lld: test accuracy %.2f%%, loss %.4f on %lld samples",
                          static_cast<long long>(step), 100.0 * r.accuracy, r.loss, static_cast<long long>(samples));
@@ -131,7 +157,10 @@ std::string summary(const Summary& s) {
   std::string text = printf_string("trained to step %lld (%lld of %lld epochs complete) in %.1f s at %d ranks\n",
                                    static_cast<long long>(s.step), static_cast<long long>(std::min(s.epoch, s.epochs)),
                                    static_cast<long long>(s.epochs), s.train_seconds, s.world_size);
-  if (s.evaluated && s.eval.accuracy >= 0)
+  if (s.evaluated && s.eval.perplexity >= 0)
+    text += printf_string("test loss %.4f, perplexity %.3f, token accuracy %.2f%% on %lld tokens\n", s.eval.loss,
+                          s.eval.perplexity, 100.0 * s.eval.accuracy, static_cast<long long>(s.eval.positions));
+  else if (s.evaluated && s.eval.accuracy >= 0)
     text += printf_string("test accuracy: %.2f%% on %lld images\n", 100.0 * s.eval.accuracy,
                           static_cast<long long>(s.test_samples));
   else if (s.evaluated)

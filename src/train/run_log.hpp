@@ -13,8 +13,10 @@
 namespace h5ddp {
 
 struct EvalResult {
-  double accuracy = -1;  // fraction of the test set classified correctly (-1: regression, no accuracy)
-  double loss = 0;       // mean cross-entropy (regression: mean squared error)
+  double accuracy = -1;    // fraction of the test set classified correctly (-1: regression, no accuracy)
+  double loss = 0;         // mean cross-entropy (regression: mean squared error)
+  double perplexity = -1;  // a language model (per-position labels): exp(loss), per token; else -1
+  int64_t positions = 0;   // a language model: the positions (tokens) scored
 };
 
 // The save just made, as the metrics log records it (Checkpointer::last_save()).
@@ -40,7 +42,10 @@ class RunLog {
   void start(int64_t step, int world_size);
   void resume(int64_t step, int world_size, const std::string& from, int saved_world_size, double load_seconds);
   // After optimizer step `step`: a "train" record every interval steps and at `last`.
-  void train(int64_t step, int64_t epoch, double loss, double lr, int64_t global_batch, bool last);
+  // `grad_norm`: the step's total gradient norm with --grad-clip (< 0: not computed); `skipped`: steps skipped so
+  // far for a non-finite norm. `tokens_per_sample`: a language model's T (the record adds tokens_per_s).
+  void train(int64_t step, int64_t epoch, double loss, double lr, int64_t global_batch, bool last,
+             double grad_norm = -1, int64_t skipped = 0, int64_t tokens_per_sample = 0);
   // Time not to count as training (evaluations, saves) since the interval began.
   void pause(Clock::duration d) { interval_start_ += d; }
   void restart_interval() { interval_start_ = Clock::now(); }
@@ -56,6 +61,8 @@ class RunLog {
   int64_t interval_ = 1;
   double loss_ = 0;
   int64_t steps_ = 0;
+  double grad_norm_ = 0;  // sum over the interval's steps with a finite norm
+  int64_t norms_ = 0;
   Clock::time_point interval_start_ = Clock::now();
   int64_t saved_step_ = -1;
 };

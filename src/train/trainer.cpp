@@ -1,6 +1,7 @@
 #include "train/trainer.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -86,7 +87,8 @@ class Trainer {
 
   // Collective. Fashion-MNIST (every rank holds the small set) or --data FILE.h5 (each rank reads its rows).
   void load_data() {
-    TrainData data = agreed(comm_, [&] { return open_train_data(config_.data_file, config_.data_dir, evaluates()); });
+    TrainData data = agreed(
+        comm_, [&] { return open_train_data(config_.data_file, config_.data_dir, evaluates(), config_.context); });
     train_set_ = std::move(data.train);
     test_set_ = std::move(data.test);
     if (root_ && !config_.data_file.empty()) log::root_info("data: " + train_set_->describe());
@@ -189,7 +191,9 @@ class Trainer {
     const bool epoch_ended = sampler_->advance(data);  // the rest of the permutation that fills no batch is dropped
     StepOutcome outcome = ckpt_->agree_step(step + 1, loss);
     progress_->update(step + 1, data.epoch, config_.epochs, outcome.value_mean, data.global_batch, done());
-    log_.train(step + 1, data.epoch, outcome.value_mean, schedule_.lr_at(step), data.global_batch, done());
+    const SampleSpec& spec = train_set_->spec();
+    log_.train(step + 1, data.epoch, outcome.value_mean, schedule_.lr_at(step), data.global_batch, done(),
+               config_.grad_clip > 0 ? grad_norm_ : -1.0, skipped_steps_, spec.tokens ? spec.numel() : 0);
     guard.release();
     watch_.observe(StallWatch::Kind::kStep, seconds_since(step_start));
     const auto pause_start = Clock::now();  // evaluations and saves do not count as training time
@@ -249,6 +253,13 @@ class Trainer {
       ddp_->finish_backward();
       loss_sum += loss.item<double>();
     }
+    if (config_.grad_clip > 0) {
+      grad_norm_ = ddp_->clip_grad_norm(config_.grad_clip);  // one agreed value: every rank skips alike
+      if (!std::isfinite(grad_norm_)) {
+        skip_step();
+        return loss_sum;
+      }
+    }
     if (sharded_) {
       sharded_->set_lr(lr);
       sharded_->step();  // gathers the other ranks' parameters
@@ -261,12 +272,35 @@ class Trainer {
     return loss_sum;
   }
 
+  // Collective (sharded: the gathering of parameters). A step whose gradient norm is not finite changes no
+  // parameter and no optimizer state; its gradients go. The step still counts (the data moves on), as a
+  // skipped step of PyTorch's GradScaler does.
+  void skip_step() {
+    ++skipped_steps_;
+    if (root_)
+      log::root_info("step " + std::to_string(ckpt_->step() + 1) +
+                     ": the gradient norm is not finite; the optimizer step is skipped on every rank (" +
+                     std::to_string(skipped_steps_) + " so far)");
+    if (sharded_) {
+      sharded_->zero_grad();
+      ddp_->gather_parameters();  // unchanged parameters; empties the gradient buckets as a step would
+    } else {
+      optimizer_->zero_grad();
+    }
+  }
+
   // Collective. Each rank scores its share of the test set.
   EvalResult evaluate() {
     model_.module->eval();
     const ScoreSums s = score_distributed(model_.forward, *test_set_, comm_, compute_);
     model_.module->train();
-    return EvalResult{test_set_->spec().classification ? s.correct / s.rows : -1, s.loss / s.rows};
+    const SampleSpec& spec = test_set_->spec();
+    EvalResult r{spec.classification ? s.correct / s.rows : -1, s.loss / s.rows};
+    if (spec.per_position) {
+      r.perplexity = std::exp(r.loss);
+      r.positions = static_cast<int64_t>(s.rows);
+    }
+    return r;
   }
 
   // Collective. A distributed evaluation during training: in the metrics log, on the console and in the next
@@ -357,7 +391,9 @@ class Trainer {
   std::unique_ptr<KeepBest> best_;  // --keep-best
   LrSchedule schedule_;
   int64_t total_steps_ = 0;
-  ResumeInfo info_;  // what the resume found (resumed false: a fresh start)
+  double grad_norm_ = -1;      // --grad-clip: the last step's agreed total norm (NaN: that step was skipped)
+  int64_t skipped_steps_ = 0;  // steps skipped for a non-finite gradient norm by this process
+  ResumeInfo info_;            // what the resume found (resumed false: a fresh start)
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
 #include "h5ddp/torch_state.hpp"
+#include "safetensors.hpp"
 #include "torch_pickle.hpp"
 #include "train/batch.hpp"
 #include "train/data.hpp"
@@ -189,6 +191,20 @@ LoadedCheckpoint load_checkpoint_tensors(MpiComm& comm, const std::string& path)
 
 size_t export_checkpoint(MpiComm& comm, const ExportOptions& o) {
   const LoadedCheckpoint ck = load_checkpoint_tensors(comm, o.input);
+  if (o.format == "safetensors") {
+    agreed(comm, [&] {
+      if (comm.rank() != 0) return;
+      with_context("writing " + o.output, [&] {
+        std::vector<std::pair<std::string, torch::Tensor>> named;
+        for (const auto& [k, t] : ck.model) named.emplace_back(o.add_prefix + k, t);
+        std::map<std::string, std::string> metadata{
+            {"format", "pt"}, {"source", o.input}, {"step", std::to_string(ck.state.counters.step)}};
+        for (const auto& [k, v] : ck.state.meta) metadata.emplace("h5ddp." + k, v);
+        write_file_atomically(o.output, safetensors_bytes(named, metadata));
+      });
+    });
+    return ck.model.size();
+  }
   agreed(comm, [&] {
     if (comm.rank() != 0) return;
     with_context("writing " + o.output, [&] {
@@ -338,9 +354,13 @@ EvalResult evaluate_checkpoint(MpiComm& comm, const EvalOptions& o) {
   r.images = end - begin;
   if (r.images == 0) return r;
   model.module->eval();
-  const ScoreSums s = score_rows(model.forward, *data, begin, end, 1000);  // 1000 rows a forward, as training's
+  const ScoreSums s = score_rows(model.forward, *data, begin, end);  // rows a forward as training's evaluation
   r.loss = s.loss / s.rows;
   r.accuracy = data->spec().classification ? s.correct / s.rows : -1;
+  if (data->spec().per_position) {
+    r.positions = static_cast<int64_t>(s.rows);
+    r.perplexity = std::exp(r.loss);
+  }
   return r;
 }
 

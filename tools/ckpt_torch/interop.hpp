@@ -29,14 +29,17 @@ struct LoadedCheckpoint {
 LoadedCheckpoint load_checkpoint_tensors(MpiComm& comm, const std::string& path);
 
 struct ExportOptions {
-  std::string input;       // h5ddp checkpoint
-  std::string output;      // .pt file
-  std::string add_prefix;  // prepended to every model key (e.g. "module.")
+  std::string input;          // h5ddp checkpoint
+  std::string output;         // .pt file
+  std::string add_prefix;     // prepended to every model key (e.g. "module.")
+  std::string format = "pt";  // pt | safetensors (the model's weights only)
 };
 
 // Collective (rank 0 writes). Writes a torch.load-able dict: model, optimizer (a state dict that
 // torch.optim's load_state_dict accepts: state and param_groups keyed by parameter name), optimizer_type,
 // step, epoch, samples_consumed, lr_scheduler, data, rng_cpu, meta, h5ddp (file facts). Returns the key count.
+// format "safetensors": the model's weights only, named as the state dict (with add_prefix), in their dtypes;
+// __metadata__ carries format "pt", the source file, its step and the model's /meta entries.
 size_t export_checkpoint(MpiComm& comm, const ExportOptions& options);
 
 struct ImportOptions {
@@ -66,8 +69,10 @@ struct EvalOptions {
 struct EvalResult {
   std::string model;
   int64_t images = 0;
-  double loss = 0;       // mean cross-entropy (regression: MSE), eval mode (no dropout), float32 forward
-  double accuracy = -1;  // fraction classified correctly (-1: regression)
+  double loss = 0;         // mean cross-entropy (regression: MSE), eval mode (no dropout), float32 forward
+  double accuracy = -1;    // fraction classified correctly (-1: regression); per position: of the positions
+  int64_t positions = 0;   // per-position labels (a language model): positions scored (label not -100)
+  double perplexity = -1;  // per-position labels: exp(loss)
 };
 
 // Collective (every rank computes the same numbers). Builds the built-in model the checkpoint names (or loads
