@@ -45,8 +45,12 @@ if [ "${H5DDP_WITH_CUDA:-OFF}" = "ON" ]; then
   if [ ! -f build-cuda/CMakeCache.txt ]; then
     cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DH5DDP_WITH_CUDA=ON -DH5DDP_BUILD_BENCHMARKS=OFF
   fi
-  # Compile and link only (no GPU here): the whole CUDA configuration, the NCCL backend, every tool and the
-  # gpu-labelled tests (tools/gpu-check.sh runs those on a GPU machine). Benchmarks are the CPU build's.
-  cmake --build build-cuda -j "$jobs"
+  # Compile and link only (no GPU here): every library of the CUDA configuration (the NCCL backend, the CUDA paths
+  # of device, DDP and checkpoint code), the tools the gpu-labelled tests run, and the test programs with CUDA
+  # code (tools/gpu-check.sh builds and runs those on a GPU machine). The other test programs are the CPU build's
+  # code compiled again; H5DDP_CUDA_TARGETS=all builds them too. Benchmarks are the CPU build's.
+  targets=(${H5DDP_CUDA_TARGETS:-h5ddp-train h5ddp-ckpt h5ddp-ckpt-torch comm_test nccl_comm_test ddp_test})
+  if [ "${targets[*]}" = all ]; then targets=(all); fi
+  cmake --build build-cuda -j "$jobs" --target "${targets[@]}"
 fi
 echo "setup: built in $build"
