@@ -14,7 +14,7 @@ packages=(
   libboost-program-options-dev
   libgtest-dev libbenchmark-dev
   libfmt-dev libxxhash-dev zlib1g-dev
-  dataset-fashion-mnist
+  dataset-fashion-mnist fortunes
   python3-torch python3-h5py
   python3-mpi4py python3-h5py-mpi python3-xxhash
   clang-14 libclang-rt-14-dev libfuzzer-14-dev clang-format

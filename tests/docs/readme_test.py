@@ -28,6 +28,8 @@ LIMIT = 600  # seconds per command, a load of 8 included
 DOCS = ["README.md", "docs/TRAINING.md", "docs/CHECKPOINTS.md", "docs/GPU.md"]
 
 # command -> extra environment (H5DDP_TRAIN_ARGS shortens a training).
+GPT_ARGS = ("--model-file gpt.pt --data fortunes.h5 --batch-size 32 --lr 3e-3 --lr-schedule cosine "
+            "--lr-warmup-steps 50 --grad-clip 1 --eval-every-steps 250 --checkpoint-every-steps 250")
 RUN = {
     "tools/setup.sh && jobs/train-local.sh": {"H5DDP_TRAIN_ARGS": f"--max-steps {DEFAULT_STEPS}"},
     "H5DDP_NP=4 H5DDP_RUN_DIR=runs/exp1 jobs/train-local.sh --epochs 3 --checkpoint-every-steps 200":
@@ -49,6 +51,15 @@ RUN = {
     "build/tools/h5ddp-ckpt import model.pt --to init.h5 --model cnn": {},
     "H5DDP_RUN_DIR=runs/finetune jobs/train-local.sh --init-from init.h5": {"H5DDP_TRAIN_ARGS": "--max-steps 3 --no-eval"},
     "build/tools/h5ddp-ckpt eval runs/default/ckpt-00000500.h5": {},
+    # "Train a small GPT": both trainings shortened (the second resumes the first at 4 ranks, as after a preemption)
+    "/usr/bin/python3 tools/h5ddp-data.py text /usr/share/games/fortunes --context 64 -o fortunes.h5": {},
+    "/usr/bin/python3 tools/examples/gpt.py script -o gpt.pt --context 64 --layers 2 --heads 4 --dim 64": {},
+    "H5DDP_RUN_DIR=runs/gpt jobs/train-local.sh " + GPT_ARGS: {"H5DDP_TRAIN_ARGS": "--max-steps 6 --no-eval"},
+    "H5DDP_NP=4 H5DDP_RUN_DIR=runs/gpt jobs/train-local.sh " + GPT_ARGS: {"H5DDP_TRAIN_ARGS": "--max-steps 8 --no-eval"},
+    "build/tools/h5ddp-ckpt export runs/gpt/$(cat runs/gpt/latest) --format safetensors --to gpt.safetensors": {},
+    "/usr/bin/python3 tools/examples/gpt.py generate --weights gpt.safetensors --config gpt.pt --data fortunes.h5 "
+    "--prompt \"The \" --tokens 200": {},
+    "tools/plot_run.py runs/gpt": {},
 }
 # Commands whose documented exit code is not 0.
 EXIT = {"build/tools/h5ddp-ckpt diff runs/default/ckpt-00000500.h5 runs/exp1/$(cat runs/exp1/latest)": 1}
