@@ -25,7 +25,7 @@ the checkpoint's /meta model_file (recorded by h5ddp-train --model-file; kept by
 attribute, unlike torch.jit.save's _extra_files, survives a torch.jit.load + save round trip, and it is neither
 a parameter nor a buffer, so h5ddp-train's checkpoints do not see it.
 
-Library use (tests/python/test_gpt_example.py): GPT, load_config, load_weights(path) -> state dict,
+Library use (tests/lm/test_gpt_example.py): GPT, load_config, load_weights(path) -> state dict,
 load_model(weights, config), read_safetensors, next_logits, sample.
 """
 import argparse
