@@ -190,8 +190,9 @@ def check(cmd, out, user, env):
         if not re.search(r"eval at step 100: test accuracy [\d.]+%", out):
             fail(f"--eval-every-steps printed nothing on the console:\n{out}")
     elif cmd.startswith("tools/plot_run.py"):
-        if not os.path.isfile(os.path.join(user, "runs", "metrics", "run.png")):
-            fail("plot_run.py wrote no runs/metrics/run.png")
+        png = os.path.join(user, cmd.split()[1], "run.png")
+        if not os.path.isfile(png):
+            fail(f"plot_run.py wrote no {png}")
     elif "--init-from init.h5" in cmd:
         if "initialised the weights from init.h5" not in out:
             fail(f"--init-from did not start from init.h5:\n{out}")
