@@ -207,6 +207,18 @@ def load(path, model, optimizer=None, *, comm=None, rng=True, weights_only=False
     return result
 
 
+def read_model(path):
+    """Local (no collective, no model needed). {state-dict key: CPU tensor} of checkpoint `path`'s /model, in file
+    order, the file checked as load checks it (every rule; the model datasets' checksums). Raises CheckpointError
+    naming the file and the dataset. For tools that rebuild a model from the weights (tools/examples/gpt.py)."""
+    m, arrays = _read_file(path, keep=lambda d: d.startswith(fmt.MODEL_GROUP + "/"))
+    out = {}
+    for k in m.model:
+        dtype, a = arrays[f"{fmt.MODEL_GROUP}/{k}"]
+        out[k] = from_numpy(a, dtype)
+    return out
+
+
 def resume(run_dir, model, optimizer=None, *, comm=None, rng=True, user=None):
     """Collective. Loads the newest valid checkpoint of `run_dir` (the highest step that loads; a file `latest`
     names without a step first): a damaged one (any problem docs/FORMAT.md's rules or the checksums find) is

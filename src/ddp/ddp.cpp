@@ -499,24 +499,24 @@ double DistributedDataParallel::clip_grad_norm(double max_norm) {
   std::vector<torch::Tensor> norms;
   for (const torch::Tensor& g : grads) norms.push_back(torch::norm(g, 2));
   double total = 0;
-  if (options_.shard_optimizer) {  // this rank's squared share, summed over ranks
+  if (options_.shard_optimizer) {  // this rank's squared share, summed over ranks: the sum is already agreed
     double squares = norms.empty() ? 0.0 : torch::stack(norms).to(torch::kDouble).pow(2).sum().item<double>();
     comm_.allreduce(&squares, 1, DType::kF64, ReduceOp::kSum);
     total = std::sqrt(squares);
-  } else if (!norms.empty()) {
-    total = torch::norm(torch::stack(norms), 2).item<double>();
+  } else {  // every rank computed it from the same gradients; the max makes it one value regardless
+    if (!norms.empty()) total = torch::norm(torch::stack(norms), 2).item<double>();
+    const bool finite = std::isfinite(total);
+    double agreed[2] = {finite ? total : 0.0, finite ? 0.0 : 1.0};
+    comm_.allreduce(agreed, 2, DType::kF64, ReduceOp::kMax);
+    total = agreed[1] > 0 ? std::numeric_limits<double>::quiet_NaN() : agreed[0];
   }
-  // One verdict everywhere (replicated ranks computed the same value; the max makes it so regardless).
-  const bool finite = std::isfinite(total);
-  double agreed[2] = {finite ? total : 0.0, finite ? 0.0 : 1.0};
-  comm_.allreduce(agreed, 2, DType::kF64, ReduceOp::kMax);
-  if (agreed[1] > 0) return std::numeric_limits<double>::quiet_NaN();
-  if (grads.empty()) return agreed[0];
-  const torch::Tensor total_t = torch::full({}, agreed[0], grads.front().options());
+  if (!std::isfinite(total)) return std::numeric_limits<double>::quiet_NaN();
+  if (grads.empty()) return total;
+  const torch::Tensor total_t = torch::full({}, total, grads.front().options());
   // PyTorch: clip_coef = max_norm / (total_norm + 1e-6), where float / tensor is tensor.reciprocal() * float.
   const torch::Tensor coef = torch::clamp((total_t + 1e-6).reciprocal() * max_norm, c10::nullopt, 1.0);
   for (torch::Tensor& g : grads) g.mul_(coef);
-  return agreed[0];
+  return total;
 }
 
 void DistributedDataParallel::gather_parameters() {

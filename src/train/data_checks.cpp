@@ -74,7 +74,7 @@ void check_data_fits_model(const TrainModel& model, const Dataset& train, const 
   });
   if (!train.spec().classification) return;
   for (const Dataset* d : {&train, test})
-    if (d) check_labels(*d, width, comm);
+    if (d && !d->spec().stream) check_labels(*d, width, comm);  // a stream's labels are its tokens: checked above
 }
 
 }  // namespace h5ddp

@@ -22,10 +22,18 @@ int64_t SampleSpec::numel() const {
   return n;
 }
 
-std::string SampleSpec::shape_text() const {
+namespace {
+
+std::string dims_text(const std::vector<int64_t>& dims) {  // "[3, 32, 32]"
   std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
   return s + "]";
+}
+
+}  // namespace
+
+std::string SampleSpec::shape_text() const {
+  return dims_text(shape);
 }
 
 namespace {
@@ -205,7 +213,8 @@ class H5Dataset final : public Dataset {
   }
 
   void token_range(int64_t begin, int64_t end, int64_t& min, int64_t& max) const override {
-    if (spec_.stream) return scan(tokens_, begin * context(), (end - begin) * context(), false, min, max);
+    if (spec_.stream)  // windows [begin, end) hold tokens [begin * T, end * T + 1), their labels included
+      return scan(tokens_, begin * context(), end > begin ? (end - begin) * context() + 1 : 0, false, min, max);
     if (spec_.tokens) scan(x_, begin * context(), (end - begin) * context(), false, min, max);
   }
 
@@ -341,12 +350,6 @@ class H5Dataset final : public Dataset {
       throw DataError(where(y_.name) + ": integer labels must be [N]" +
                       (spec_.tokens ? " or, per position, [N, T]" : ""));
     }
-  }
-
-  static std::string dims_text(const std::vector<int64_t>& dims) {
-    std::string s = "[";
-    for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-    return s + "]";
   }
 
   // uint8 or float32 rows `raw` to normalised floats (docs/DATA.md "Normalisation").

@@ -54,7 +54,7 @@ class Dataset {
   // kIgnoreLabel left out), read in bounded pieces.
   virtual void label_range(int64_t begin, int64_t end, int64_t& min, int64_t& max) const = 0;
   // Local. Token data: the smallest and largest token id of rows [begin, end) (a stream's windows: every token
-  // of them), read in bounded pieces. Others: nothing.
+  // of them, so their labels too), read in bounded pieces. Others: nothing.
   virtual void token_range(int64_t /*begin*/, int64_t /*end*/, int64_t& /*min*/, int64_t& /*max*/) const {}
   // The file and dataset token ids come from, for errors ("data.h5 /train/x").
   virtual std::string token_source() const { return label_source(); }

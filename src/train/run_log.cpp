@@ -42,11 +42,11 @@ void RunLog::resume(int64_t step, int world_size, const std::string& from, int s
 }
 
 void RunLog::train(int64_t step, int64_t epoch, double loss, double lr, int64_t global_batch, bool last,
-                   double grad_norm, int64_t skipped, int64_t tokens_per_sample) {
+                   std::optional<double> grad_norm, int64_t skipped, int64_t tokens_per_sample) {
   loss_ += loss;
   ++steps_;
-  if (std::isfinite(grad_norm) && grad_norm >= 0) {
-    grad_norm_ += grad_norm;
+  if (grad_norm && std::isfinite(*grad_norm)) {
+    grad_norm_ += *grad_norm;
     ++norms_;
   }
   if (step % interval_ != 0 && !last) return;
@@ -59,7 +59,7 @@ void RunLog::train(int64_t step, int64_t epoch, double loss, double lr, int64_t 
       .add("lr", lr)
       .add("samples_per_s", samples_per_s);
   if (tokens_per_sample > 0) r.add("tokens_per_s", samples_per_s * static_cast<double>(tokens_per_sample));
-  if (grad_norm >= 0 || !std::isfinite(grad_norm)) {  // --grad-clip: the interval's mean finite norm
+  if (grad_norm) {  // --grad-clip: the interval's mean finite norm
     if (norms_ > 0)
       r.add("grad_norm", grad_norm_ / static_cast<double>(norms_));
     else

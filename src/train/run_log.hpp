@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,10 +43,10 @@ class RunLog {
   void start(int64_t step, int world_size);
   void resume(int64_t step, int world_size, const std::string& from, int saved_world_size, double load_seconds);
   // After optimizer step `step`: a "train" record every interval steps and at `last`.
-  // `grad_norm`: the step's total gradient norm with --grad-clip (< 0: not computed); `skipped`: steps skipped so
-  // far for a non-finite norm. `tokens_per_sample`: a language model's T (the record adds tokens_per_s).
+  // `grad_norm`: the step's total gradient norm with --grad-clip (NaN: the step was skipped); `skipped`: steps skipped
+  // so far for a non-finite norm. `tokens_per_sample`: a language model's T (the record adds tokens_per_s).
   void train(int64_t step, int64_t epoch, double loss, double lr, int64_t global_batch, bool last,
-             double grad_norm = -1, int64_t skipped = 0, int64_t tokens_per_sample = 0);
+             std::optional<double> grad_norm = std::nullopt, int64_t skipped = 0, int64_t tokens_per_sample = 0);
   // Time not to count as training (evaluations, saves) since the interval began.
   void pause(Clock::duration d) { interval_start_ += d; }
   void restart_interval() { interval_start_ = Clock::now(); }

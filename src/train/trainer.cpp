@@ -192,8 +192,8 @@ class Trainer {
     StepOutcome outcome = ckpt_->agree_step(step + 1, loss);
     progress_->update(step + 1, data.epoch, config_.epochs, outcome.value_mean, data.global_batch, done());
     const SampleSpec& spec = train_set_->spec();
-    log_.train(step + 1, data.epoch, outcome.value_mean, schedule_.lr_at(step), data.global_batch, done(),
-               config_.grad_clip > 0 ? grad_norm_ : -1.0, skipped_steps_, spec.tokens ? spec.numel() : 0);
+    log_.train(step + 1, data.epoch, outcome.value_mean, schedule_.lr_at(step), data.global_batch, done(), grad_norm_,
+               skipped_steps_, spec.tokens ? spec.numel() : 0);
     guard.release();
     watch_.observe(StallWatch::Kind::kStep, seconds_since(step_start));
     const auto pause_start = Clock::now();  // evaluations and saves do not count as training time
@@ -255,7 +255,7 @@ class Trainer {
     }
     if (config_.grad_clip > 0) {
       grad_norm_ = ddp_->clip_grad_norm(config_.grad_clip);  // one agreed value: every rank skips alike
-      if (!std::isfinite(grad_norm_)) {
+      if (!std::isfinite(*grad_norm_)) {
         skip_step();
         return loss_sum;
       }
@@ -391,9 +391,9 @@ class Trainer {
   std::unique_ptr<KeepBest> best_;  // --keep-best
   LrSchedule schedule_;
   int64_t total_steps_ = 0;
-  double grad_norm_ = -1;      // --grad-clip: the last step's agreed total norm (NaN: that step was skipped)
-  int64_t skipped_steps_ = 0;  // steps skipped for a non-finite gradient norm by this process
-  ResumeInfo info_;            // what the resume found (resumed false: a fresh start)
+  std::optional<double> grad_norm_;  // --grad-clip: the last step's agreed total norm (NaN: that step was skipped)
+  int64_t skipped_steps_ = 0;        // steps skipped for a non-finite gradient norm by this process
+  ResumeInfo info_;                  // what the resume found (resumed false: a fresh start)
 };
 
 }  // namespace

@@ -1,33 +1,12 @@
 #include "safetensors.hpp"
 
-#include <cstdio>
 #include <cstring>
 #include <set>
 
 #include "h5ddp/error.hpp"
+#include "train/metrics.hpp"  // json_quote
 
 namespace h5ddp::interop {
-namespace {
-
-// A JSON string literal (the format's header is JSON; names may hold any character).
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (const unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
-}  // namespace
 
 std::string safetensors_dtype(torch::ScalarType t) {
   switch (t) {
@@ -63,7 +42,7 @@ std::vector<char> safetensors_bytes(const std::vector<std::pair<std::string, tor
     header += "\"__metadata__\":{";
     bool first = true;
     for (const auto& [k, v] : metadata) {
-      header += (first ? "" : ",") + quoted(k) + ":" + quoted(v);
+      header += (first ? "" : ",") + json_quote(k) + ":" + json_quote(v);
       first = false;
     }
     header += "}";
@@ -82,8 +61,9 @@ std::vector<char> safetensors_bytes(const std::vector<std::pair<std::string, tor
     const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
     std::string shape;
     for (int64_t d : t.sizes()) shape += (shape.empty() ? "" : ",") + std::to_string(d);
-    header += std::string(header.size() > 1 ? "," : "") + quoted(name) + ":{\"dtype\":\"" + dtype + "\",\"shape\":[" +
-              shape + "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + bytes) + "]}";
+    header += std::string(header.size() > 1 ? "," : "") + json_quote(name) + ":{\"dtype\":\"" + dtype +
+              "\",\"shape\":[" + shape + "],\"data_offsets\":[" + std::to_string(offset) + "," +
+              std::to_string(offset + bytes) + "]}";
     offset += bytes;
     data.push_back(t);
   }

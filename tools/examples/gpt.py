@@ -11,7 +11,7 @@ written for TorchScript, a command that scripts it, and a sampler that reads the
       rebuilds the Python class from the recorded configuration, loads W strictly and prints the prompt and
       --tokens sampled tokens (--temperature 0: greedy). W is one of
         a .safetensors file (read by read_safetensors below, no safetensors package needed),
-        an h5ddp checkpoint .h5 (its /model datasets, checked against their xxh3 when python3-xxhash is there),
+        an h5ddp checkpoint .h5 (its /model datasets, checked by the package h5ddp_torch: rules, checksums),
         a .pt: the dict of `h5ddp-ckpt export CKPT --to OUT.pt` (its "model" entry), a plain state dict, or a
         scripted gpt.pt itself (its untrained weights).
       The tokenizer is the data file's (root attributes `tokenizer`, `vocab`): "bytes" (id = UTF-8 byte,
@@ -271,38 +271,17 @@ def read_safetensors(path):
 
 
 def read_h5ddp_model(path):
-    """{key: tensor} of an h5ddp checkpoint's /model (docs/FORMAT.md): one dataset per state-dict key, the key
-    its name; dtype attribute bfloat16 = raw uint16 bits, bool = uint8. Checks each dataset's xxh3 when the
-    xxhash module is there."""
-    import h5py
-    import numpy as np
+    """{key: tensor} of an h5ddp checkpoint's /model (docs/FORMAT.md), read and checked (rules, checksums) by the
+    repository's Python package h5ddp_torch (python/, found beside this script when not installed)."""
     try:
-        import xxhash
+        import h5ddp_torch
     except ImportError:
-        xxhash = None
-    out = {}
-    with h5py.File(path, "r") as f:
-        text = (lambda v: v.decode() if isinstance(v, bytes) else v)
-        if text(f.attrs.get("format")) != "h5ddp-checkpoint" or int(f.attrs.get("format_version", -1)) != 1:
-            raise GptError(f"{path}: not an h5ddp checkpoint of format version 1 (root attributes format, "
-                           "format_version)")
-        for key, ds in f["model"].items():
-            if not isinstance(ds, h5py.Dataset):
-                raise GptError(f"{path}: /model/{key} is not a dataset")
-            a = np.array(ds[()], order="C")  # a fresh C-order array, 0-d for a scalar
-            if xxhash is not None and "xxh3" in ds.attrs:
-                digest = xxhash.xxh3_64_intdigest(a.tobytes())  # little-endian host: the stored bytes
-                if digest != int(ds.attrs["xxh3"]):
-                    raise GptError(f"{path}: /model/{key}: checksum mismatch (the file is damaged)")
-            kind = text(ds.attrs.get("dtype", ""))
-            if kind == "bfloat16":
-                t = torch.from_numpy(a.astype("<u2").view(np.int16)).view(torch.bfloat16)
-            elif kind == "bool":
-                t = torch.from_numpy(a != 0)
-            else:
-                t = torch.from_numpy(a)
-            out[key] = t
-    return out
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+        import h5ddp_torch
+    try:
+        return h5ddp_torch.read_model(path)
+    except h5ddp_torch.CheckpointError as e:
+        raise GptError(str(e)) from None
 
 
 def is_torchscript(path):
