@@ -10,12 +10,12 @@
 """
 __version__ = "0.1.0"
 
-from .comm import get_comm, init_from_mpi  # noqa: E402
+from .comm import exit_without_teardown, get_comm, init_from_mpi  # noqa: E402
 from .errors import CheckpointError, CheckpointMismatchError, DisagreementError  # noqa: E402
 from .loader import LoadResult, load, read_model, resume  # noqa: E402
 from .sampler import DataState, DistributedSampler  # noqa: E402
 from .verify import verify  # noqa: E402
 from .writer import SaveResult, save  # noqa: E402
 
-__all__ = ["save", "load", "read_model", "resume", "verify", "init_from_mpi", "get_comm", "DataState",
+__all__ = ["save", "load", "read_model", "resume", "verify", "init_from_mpi", "get_comm", "exit_without_teardown", "DataState",
            "DistributedSampler", "LoadResult", "SaveResult", "CheckpointError", "CheckpointMismatchError", "DisagreementError"]

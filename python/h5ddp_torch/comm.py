@@ -8,7 +8,7 @@ launched. A job of one process needs neither.
 """
 import os
 
-from .errors import CheckpointError, CheckpointMismatchError, DisagreementError
+from .errors import CheckpointError, CheckpointMismatchError, DisagreementError, first_line
 
 
 def _torch_world():
@@ -77,9 +77,8 @@ class TorchComm(Comm):
         try:
             return fn()
         except RuntimeError as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise CheckpointError(f"rank {self.rank}: torch.distributed {what} failed (did a rank die?): "
-                                  f"{first}") from None
+                                  f"{first_line(e)}") from None
 
     def allgather(self, obj):
         out = [None] * self.size
@@ -146,3 +145,23 @@ def init_from_mpi(backend="gloo", master_addr=None, master_port=None, **kwargs):
     addr, port = world.bcast((addr, master_port))
     dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=size, **kwargs)
     return rank, size
+
+
+def exit_without_teardown(main_fn):
+    """Runs main_fn() (its return value, None meaning 0, is the exit status; an exception prints its traceback
+    and gives 1), then ends the process with os._exit, without the interpreter's teardown. For torch 1.13 (Debian)
+    jobs on gloo: its ProcessGroupGloo destructor, run from the DDP Reducer's once destroy_process_group has dropped
+    the group, sometimes deadlocks with a gloo worker thread that releases a tensor and waits for the GIL (seen in
+    ~1 of 4 torchrun-style runs; gdb: ~ProcessGroupGloo <- ~Reducer). So main_fn leaves the group alive (no
+    destroy_process_group) and the process ends here."""
+    import sys
+    import traceback
+
+    try:
+        status = main_fn() or 0
+    except BaseException:  # noqa: BLE001 - reported, then the status says it
+        traceback.print_exc()
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -1,6 +1,13 @@
 """Exceptions: one line each, naming the file, the dataset and the rank where there is one."""
 
 
+def first_line(e):
+    """The first line of an exception's message (its type's name when the message is empty): what goes into a
+    one-line error."""
+    s = str(e).strip().splitlines()
+    return s[0] if s else type(e).__name__
+
+
 class CheckpointError(Exception):
     """A checkpoint could not be written, or a file is not a valid checkpoint (damaged, truncated, not h5ddp's).
     A resume skips such a file and tries the next older one."""

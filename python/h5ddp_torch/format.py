@@ -19,8 +19,6 @@ ATTR_TORCH_VERSION = "torch_version"
 ATTR_CREATED = "created"
 ATTR_WORLD_SIZE = "world_size"
 ATTR_STEP = "step"
-ROOT_ATTRS = (ATTR_FORMAT, ATTR_FORMAT_VERSION, ATTR_H5DDP_VERSION, ATTR_TORCH_VERSION, ATTR_CREATED,
-              ATTR_WORLD_SIZE, ATTR_STEP)
 # Table "Root attributes": name -> (type, required).
 ROOT_ATTR_TYPES = {ATTR_FORMAT: ("string", True), ATTR_FORMAT_VERSION: ("int64", True),
                    ATTR_FORMAT_MINOR_VERSION: ("int64", False), ATTR_H5DDP_VERSION: ("string", True),
@@ -56,14 +54,8 @@ RNG_CUDA = "/rng/cuda"
 META_GROUP = "/meta"
 USER_GROUP = "/user"
 
-# The fixed scalar datasets and their dtypes.
-SCALARS = {TRAIN_STEP: "int64", TRAIN_EPOCH: "int64", TRAIN_SAMPLES_CONSUMED: "int64", DATA_SEED: "uint64",
-           DATA_EPOCH: "int64", DATA_POSITION: "int64", DATA_GLOBAL_BATCH: "int64"}
 # The counters of R10 (each >= 0; /data/position <= /train/samples_consumed).
 COUNTERS = (TRAIN_STEP, TRAIN_EPOCH, TRAIN_SAMPLES_CONSUMED, DATA_EPOCH, DATA_POSITION, DATA_GLOBAL_BATCH)
-# Groups a file may hold besides the per-parameter ones below /optimizer/param_groups and /optimizer/state.
-FIXED_GROUPS = ("/", MODEL_GROUP, OPTIMIZER_GROUP, PARAM_GROUPS_GROUP, OPTIMIZER_STATE_GROUP, TRAIN_GROUP,
-                SCHEDULER_GROUP, DATA_GROUP, RNG_GROUP, META_GROUP, USER_GROUP)
 
 # Table "Optimizers".
 OPTIMIZER_TYPES = ("", "sgd", "adam", "adamw")

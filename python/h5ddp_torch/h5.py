@@ -8,7 +8,7 @@ under mpirun `import h5py` is already right; `h5py.get_config().mpi` says which 
 """
 import h5py
 
-from .errors import CheckpointError
+from .errors import CheckpointError, first_line
 
 # The C++ writer's file layout (src/h5/h5.cpp): objects >= 1 MiB aligned to 1 MiB, library version bounds
 # [earliest, v18] so that HDF5 1.8 and later read the files.
@@ -63,10 +63,6 @@ def open_file(path):
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such file") from None
     except OSError as e:
-        raise CheckpointError(f"{path}: cannot be opened as an HDF5 file, damaged or truncated ({_first_line(e)})") \
+        raise CheckpointError(f"{path}: cannot be opened as an HDF5 file, damaged or truncated ({first_line(e)})") \
             from None
 
-
-def _first_line(e):
-    s = str(e).strip().splitlines()
-    return s[0] if s else type(e).__name__

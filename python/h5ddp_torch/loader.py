@@ -10,7 +10,7 @@ from . import format as fmt
 from . import rules
 from .comm import get_comm
 from .commit import resume_candidates
-from .errors import CheckpointError, CheckpointMismatchError, DisagreementError
+from .errors import CheckpointError, CheckpointMismatchError, DisagreementError, first_line
 from .h5 import open_file
 from .reader import read_dataset, read_manifest
 from .rules import decode_names
@@ -53,7 +53,7 @@ def _read_file(path, keep=None):
             m = read_manifest(f, path, verdict.datasets)
             arrays = {d: read_dataset(f, path, d) for d in m.datasets if keep is None or keep(d)}
         except (OSError, KeyError, ValueError, TypeError) as e:
-            raise CheckpointError(f"{path}: damaged or truncated ({str(e).splitlines()[0] if str(e) else e})") \
+            raise CheckpointError(f"{path}: damaged or truncated ({first_line(e)})") \
                 from None
     problems = rules.value_problems(path, {d: a for d, (_, a) in arrays.items()})
     if problems:

@@ -4,7 +4,6 @@ both ask this module and check nothing of their own beyond what needs the bytes 
 (R13) as they read them, and R8/R10 on the values read (value_problems).
 
     check(f, path)                 -> Verdict: problems, notes, the datasets this reader knows, the revision
-    problems(f, path)              -> (problems, notes)
     value_problems(path, values)   -> problems of R8 and R10, values = {dataset path: numpy array}
 
 Every problem is one line: the file's path, then "R<n>: " when a rule is broken, naming the object or attribute
@@ -18,6 +17,7 @@ import h5py
 import numpy as np
 
 from . import format as fmt
+from .errors import first_line
 
 READER_MINOR_VERSION = fmt.FORMAT_MINOR_VERSION
 
@@ -484,11 +484,6 @@ def _shape(shape):
     return "an empty dataspace" if shape is None else str(list(shape))
 
 
-def _first_line(e):
-    s = str(e).strip().splitlines()
-    return s[0] if s else type(e).__name__
-
-
 def check(f, path, reader_minor=READER_MINOR_VERSION):
     """The Verdict on an open file: everything checkable without reading the tensors (the required objects and
     attributes and their types, R1-R7, R9, R11-R17 and R8's type; not the checksums, nor R8/R10's values)."""
@@ -496,14 +491,8 @@ def check(f, path, reader_minor=READER_MINOR_VERSION):
     try:
         c.run()
     except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
-        c.problem(f"damaged or truncated: cannot be read ({_first_line(e)})")
+        c.problem(f"damaged or truncated: cannot be read ({first_line(e)})")
     return c.v
-
-
-def problems(f, path, reader_minor=READER_MINOR_VERSION):
-    """(problems, notes) of an open file, as check() finds them; problems == [] when nothing is wrong."""
-    v = check(f, path, reader_minor)
-    return v.problems, v.notes
 
 
 def is_adam_step(dspath):
@@ -519,7 +508,7 @@ def value_datasets(datasets):
 
 def value_problems(path, values):
     """R8 and R10 on the values read: `values` maps dataset paths to numpy arrays (those absent are not judged;
-    counters of a type other than int64 scalar neither: check() reports those)."""
+    counters and Adam steps of a type other than int64 scalar neither: check() reports those)."""
     out = []
 
     def counter(p):
@@ -538,10 +527,9 @@ def value_problems(path, values):
     for p, a in values.items():
         if not is_adam_step(p):
             continue
-        problem = step_type_problem(p, a.dtype, a.shape)
-        if problem:
-            out.append(f"{path}: R8: {problem}")
-        elif int(a[()]) < 0 or (step is not None and int(a[()]) > step):
+        if step_type_problem(p, a.dtype, a.shape):
+            continue
+        if int(a[()]) < 0 or (step is not None and int(a[()]) > step):
             out.append(f"{path}: R8: {p} is {int(a[()])}, FORMAT.md requires 0 <= step <= {fmt.TRAIN_STEP} "
                        f"({step})")
     return out

@@ -3,7 +3,7 @@ values of R8 and R10."""
 import numpy as np
 
 from . import rules
-from .errors import CheckpointError
+from .errors import CheckpointError, first_line
 from .h5 import open_file
 from .reader import verify_dataset
 
@@ -18,7 +18,7 @@ def _checksums(f, path, datasets):
         except CheckpointError as e:
             problems.append(str(e))
         except _READ_ERRORS as e:
-            problems.append(f"{path}: {d}: damaged, cannot be read ({str(e).splitlines()[0] if str(e) else e})")
+            problems.append(f"{path}: {d}: damaged, cannot be read ({first_line(e)})")
     return problems
 
 
@@ -44,5 +44,5 @@ def verify(path, notes=None, reader_minor=rules.READER_MINOR_VERSION):
         try:
             problems += rules.value_problems(path, _values(f, verdict.datasets))
         except _READ_ERRORS as e:
-            problems.append(f"{path}: damaged, cannot be read ({str(e).splitlines()[0] if str(e) else e})")
-    return list(dict.fromkeys(problems))  # a problem found twice (R8's type) is reported once
+            problems.append(f"{path}: damaged, cannot be read ({first_line(e)})")
+    return problems

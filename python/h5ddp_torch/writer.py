@@ -25,7 +25,7 @@ from . import h5
 from . import zero
 from .comm import get_comm
 from .commit import apply_retention, fsync_path, write_latest
-from .errors import CheckpointError, DisagreementError
+from .errors import CheckpointError, DisagreementError, first_line
 from .sampler import DataState
 from .state import model_tensors, optimizer_entries, rng_states, to_numpy, user_tensor
 
@@ -342,8 +342,7 @@ def capture(fn):
     try:
         return fn(), None
     except Exception as e:  # noqa: BLE001 - every error is agreed between ranks, then raised on all of them
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return None, e if isinstance(e, CheckpointError) else f"{type(e).__name__}: {msg}"
+        return None, e if isinstance(e, CheckpointError) else f"{type(e).__name__}: {first_line(e)}"
 
 
 def _plan(comm, model, optimizer, step, epoch, samples_consumed, data, user, scheduler, meta, name):

@@ -15,7 +15,6 @@ import os
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -126,31 +125,12 @@ def main():
     if rank == 0 and a.losses:
         with open(a.losses, "w") as f:
             json.dump(losses, f)
-    if a.launch != "env":  # see exit_now
+    if a.launch != "env":  # see h5ddp_torch.exit_without_teardown
         torch.distributed.destroy_process_group()
-
-
-def exit_now(main_fn):
-    """Runs main_fn, then ends the process without the interpreter's teardown (exit status 1 and the traceback
-    on an exception): torch 1.13's ProcessGroupGloo destructor, run from the DDP Reducer's once
-    destroy_process_group has dropped the group, sometimes deadlocks with a gloo worker thread that releases a
-    tensor and waits for the GIL (seen here in ~1 of 4 torchrun-style runs; gdb: ~ProcessGroupGloo <-
-    ~Reducer). So main_fn leaves the group alive (no destroy_process_group) and the process ends here."""
-    import traceback
-
-    status = 0
-    try:
-        main_fn()
-    except BaseException:  # noqa: BLE001 - reported, then the status says it
-        traceback.print_exc()
-        status = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
 
 
 if __name__ == "__main__":
     if "--launch" in sys.argv and sys.argv[sys.argv.index("--launch") + 1:][:1] == ["env"]:
-        exit_now(main)
+        h5ddp_torch.exit_without_teardown(main)
     else:
         main()

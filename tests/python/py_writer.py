@@ -80,12 +80,12 @@ def main():
         import h5py
         assert "mpi4py" not in sys.modules and not h5py.get_config().mpi, "MPI loaded in a job without MPI"
     print(f"rank {rank}: collective failures agreed", flush=True)
-    if sys.argv[2:] != ["env"]:  # pt_loop.exit_now
+    if sys.argv[2:] != ["env"]:  # h5ddp_torch.exit_without_teardown
         torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     if sys.argv[2:] == ["env"]:
-        pt_loop.exit_now(main)
+        h5ddp_torch.exit_without_teardown(main)
     else:
         main()

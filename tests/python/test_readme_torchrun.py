@@ -25,7 +25,7 @@ def _prelude():
 
 PRELUDE = _prelude()
 
-# torch 1.13's gloo teardown can deadlock at interpreter exit (pt_loop.exit_now): the snippet never destroys its
+# torch 1.13's gloo teardown can deadlock at interpreter exit (h5ddp_torch.exit_without_teardown): the snippet never destroys its
 # process group, and the processes end at once.
 EPILOGUE = "\nimport os as _os, sys as _sys\n_sys.stdout.flush()\n_os._exit(0)\n"
 

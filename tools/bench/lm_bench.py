@@ -20,7 +20,6 @@ import argparse
 import os
 import sys
 import time
-import traceback
 
 import h5py
 import numpy as np
@@ -34,6 +33,7 @@ SOURCE = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(SOURCE, "tools", "examples"))
 sys.path.insert(0, os.path.join(SOURCE, "python"))
 from gpt import GPT  # noqa: E402
+from h5ddp_torch import exit_without_teardown  # noqa: E402
 from h5ddp_torch.sampler import DataState, DistributedSampler  # noqa: E402
 
 
@@ -137,10 +137,7 @@ def run(a, rank, size):
 
 
 def main():
-    """Ends with os._exit, without destroy_process_group or the interpreter's teardown: torch 1.13's
-    ProcessGroupGloo destructor sometimes deadlocks with a gloo worker thread at exit (tests/python/pt_loop.py,
-    exit_now)."""
-    status = 0
+    """The exit status: 2 for bad options or a bad data file (one line), else 0. Other errors propagate."""
     try:
         a = parse()
         if a.steps < 1:
@@ -148,17 +145,13 @@ def main():
         rank, size = init_distributed()
         run(a, rank, size)
     except SystemExit as e:  # argparse
-        status = e.code if isinstance(e.code, int) else 2
+        return e.code if isinstance(e.code, int) else 2
     except (ValueError, OSError, KeyError) as e:  # bad options or data file: one line
         print(f"lm_bench: error: {e}", file=sys.stderr)
-        status = 2
-    except BaseException:  # noqa: BLE001 - reported, then the status says it
-        traceback.print_exc()
-        status = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    # Without destroy_process_group or the interpreter's teardown (torch 1.13's gloo destructor can deadlock).
+    exit_without_teardown(main)
