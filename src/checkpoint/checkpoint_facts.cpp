@@ -29,19 +29,7 @@ AttrFact read_attr_fact(hid_t loc, const char* name) {
   if (H5Sget_simple_extent_npoints(s) != 1) return a;
   if (H5Tget_class(t) == H5T_STRING) {
     a.kind = AK::kString;
-    if (H5Tis_variable_str(t) > 0) {
-      h5::Handle mt = h5::datatype(H5Tcopy(H5T_C_S1));
-      H5DDP_CHECK_H5(H5Tset_size(mt, H5T_VARIABLE));
-      H5DDP_CHECK_H5(H5Tset_cset(mt, H5Tget_cset(t)));
-      char* p = nullptr;
-      H5DDP_CHECK_H5(H5Aread(attr, mt, &p));
-      a.text = p ? p : "";
-      H5free_memory(p);
-    } else {
-      std::vector<char> buf(H5Tget_size(t));
-      H5DDP_CHECK_H5(H5Aread(attr, t, buf.data()));
-      a.text.assign(buf.data(), strnlen(buf.data(), buf.size()));
-    }
+    a.text = h5::read_attr_string(loc, name);
   } else if (is_le_integer(t, 8, H5T_SGN_2)) {
     a.kind = AK::kInt64;
     H5DDP_CHECK_H5(H5Aread(attr, H5T_NATIVE_INT64, &a.i));
@@ -68,18 +56,6 @@ bool is_names_type(hid_t t) {
   return H5Tget_strpad(t) == H5T_STR_NULLPAD && (cset == H5T_CSET_ASCII || cset == H5T_CSET_UTF8);
 }
 
-std::vector<std::string> read_names(hid_t ds, hid_t t, size_t n) {
-  const size_t w = H5Tget_size(t);
-  std::vector<char> buf(n * w);
-  if (!buf.empty()) H5DDP_CHECK_H5(H5Dread(ds, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()));
-  std::vector<std::string> out;
-  for (size_t i = 0; i < n; ++i) {
-    const char* e = buf.data() + i * w;
-    out.emplace_back(e, strnlen(e, w));
-  }
-  return out;
-}
-
 // The walk's state: the facts, and each dtype's HDF5 file type made once (thousands of datasets share a few).
 struct Walk {
   FileFacts& facts;
@@ -100,7 +76,7 @@ void dataset_facts(Walk& w, hid_t ds, const std::string& path, ObjectFact& o) {
   if (dtype == "string") {
     o.type_matches = is_names_type(t);
     if (o.type_matches && o.shape.size() == 1 && path.size() > 7 && path.compare(path.size() - 7, 7, "/params") == 0)
-      o.strings = read_names(ds, t, static_cast<size_t>(o.shape[0]));
+      o.strings = read_string_elements(ds, t, static_cast<size_t>(o.shape[0]));
     return;
   }
   try {
@@ -114,11 +90,6 @@ void dataset_facts(Walk& w, hid_t ds, const std::string& path, ObjectFact& o) {
 // that a file whose links form a cycle cannot make the walk endless.
 constexpr int kMaxDepth = 6;
 
-herr_t link_name_cb(hid_t, const char* name, const H5L_info_t*, void* out) {
-  static_cast<std::vector<std::string>*>(out)->push_back(name);
-  return 0;
-}
-
 // Facts of the object `path` (open as `obj`) and, for a group, of everything under it.
 void walk(Walk& w, hid_t obj, const std::string& path, int depth) {
   ObjectFact& o = w.facts.objects[path];
@@ -130,10 +101,7 @@ void walk(Walk& w, hid_t obj, const std::string& path, int depth) {
   H5DDP_CHECK_H5(H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, &idx, attr_cb, &o));
   if (o.kind == ObjectFact::Kind::kDataset) dataset_facts(w, obj, path, o);
   if (o.kind != ObjectFact::Kind::kGroup || depth >= kMaxDepth) return;
-  std::vector<std::string> names;
-  hsize_t at = 0;
-  H5DDP_CHECK_H5(H5Literate(obj, H5_INDEX_NAME, H5_ITER_INC, &at, link_name_cb, &names));
-  for (const auto& n : names) {
+  for (const auto& n : h5::children(obj, ".")) {
     const std::string child = (path == "/" ? "" : path) + "/" + n;
     with_context("reading " + child, [&] {
       h5::Handle c(H5Oopen(obj, n.c_str(), H5P_DEFAULT), H5Oclose);
@@ -184,19 +152,6 @@ ObjectFact planned_dataset(const DatasetPlan& d) {
   return o;
 }
 
-// Direct children of `group` in the facts, by name (byte order, as HDF5 lists them).
-std::vector<std::string> children_of(const FileFacts& f, const std::string& group) {
-  std::vector<std::string> out;
-  const std::string prefix = group + "/";
-  for (auto it = f.objects.lower_bound(prefix); it != f.objects.end(); ++it) {
-    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
-    const std::string rest = it->first.substr(prefix.size());
-    if (rest.find('/') == std::string::npos) out.push_back(rest);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 TensorInfo tensor_of(const FileFacts& f, const std::string& path, const std::string& name) {
   const ObjectFact& o = f.objects.at(path);
   TensorInfo t;
@@ -222,10 +177,10 @@ CheckpointManifest manifest_of(const FileFacts& f) {
   m.h5ddp_version = attr_of(f, "/", format::kAttrH5ddpVersion).text;
   m.torch_version = attr_of(f, "/", format::kAttrTorchVersion).text;
   m.created = attr_of(f, "/", format::kAttrCreated).text;
-  for (const auto& key : children_of(f, format::kModelGroup))
+  for (const auto& key : f.children(format::kModelGroup))
     m.model.push_back(tensor_of(f, format::model_dataset(key), key));
   m.optimizer_type = attr_of(f, format::kOptimizerGroup, format::kAttrOptimizerType).text;
-  for (size_t i = 0; i < children_of(f, format::kParamGroupsGroup).size(); ++i) {
+  for (size_t i = 0; i < f.children(format::kParamGroupsGroup).size(); ++i) {
     const std::string g = format::param_group_path(i);
     ParamGroup pg;
     for (const auto& [k, a] : f.objects.at(g).attrs)
@@ -233,13 +188,13 @@ CheckpointManifest manifest_of(const FileFacts& f) {
     if (const ObjectFact* names = f.find(g + "/" + format::kParamNamesDataset)) pg.params = names->strings;
     m.param_groups.push_back(std::move(pg));
   }
-  for (const auto& param : children_of(f, format::kOptimizerStateGroup))
-    for (const auto& key : children_of(f, std::string(format::kOptimizerStateGroup) + "/" + param))
+  for (const auto& param : f.children(format::kOptimizerStateGroup))
+    for (const auto& key : f.children(std::string(format::kOptimizerStateGroup) + "/" + param))
       if (is_state_key(key))  // others: a newer revision's optional additions (the rules refuse them otherwise)
         m.optimizer_state.push_back(
             tensor_of(f, format::optimizer_state_dataset(param + "/" + key), param + "/" + key));
   if (f.find(format::kUserGroup))
-    for (const auto& key : children_of(f, format::kUserGroup))
+    for (const auto& key : f.children(format::kUserGroup))
       m.user.push_back(tensor_of(f, format::user_dataset(key), key));
   m.rng_cpu_bytes = static_cast<size_t>(f.objects.at(format::kRngCpu).shape.at(1));
   if (const ObjectFact* cuda = f.find(format::kRngCuda)) m.rng_cuda_bytes = static_cast<size_t>(cuda->shape.at(1));

@@ -202,6 +202,8 @@ CheckpointManifest read_valid_manifest(hid_t file, const std::string& path);
 std::string joined_problems(const std::vector<std::string>& problems);
 // Reads the manifest from an open file (collective when the file was opened collectively).
 CheckpointManifest read_manifest_from(hid_t file, const std::string& path);
+// The `n` elements of the open fixed-length strings dataset `ds` of file type `type`, each up to its first NUL.
+std::vector<std::string> read_string_elements(hid_t ds, hid_t type, size_t n);
 // Every dataset the manifest says the file holds (tensors, names, counters, rng), dst/src unset.
 std::vector<DatasetPlan> manifest_datasets(hid_t file, const CheckpointManifest& m);
 

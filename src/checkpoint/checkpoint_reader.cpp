@@ -59,6 +59,22 @@ DType dataset_dtype(hid_t ds, const std::string& path) {
   }
 }
 
+}  // namespace
+
+std::vector<std::string> read_string_elements(hid_t ds, hid_t type, size_t n) {
+  const size_t w = H5Tget_size(type);
+  std::vector<char> buf(n * w);
+  if (!buf.empty()) H5DDP_CHECK_H5(H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()));
+  std::vector<std::string> out;
+  for (size_t i = 0; i < n; ++i) {
+    const char* e = buf.data() + i * w;
+    out.emplace_back(e, strnlen(e, w));
+  }
+  return out;
+}
+
+namespace {
+
 TensorInfo tensor_info(hid_t f, const std::string& dataset_path, const std::string& name) {
   return with_context("reading " + dataset_path, [&] {
     h5::Handle ds = h5::dataset(H5Dopen2(f, dataset_path.c_str(), H5P_DEFAULT));
@@ -78,18 +94,9 @@ std::vector<std::string> read_strings(hid_t f, const std::string& path, size_t* 
   h5::Handle space = h5::dataspace(H5Dget_space(ds));
   if (H5Tget_class(type) != H5T_STRING || H5Tis_variable_str(type) > 0)
     throw CheckpointError("dataset " + path + " is not a fixed-length string dataset");
-  const size_t len = H5Tget_size(type);
   const auto shape = h5::space_shape(space);
-  const size_t n = shape.empty() ? 1 : static_cast<size_t>(shape[0]);
-  std::vector<char> buf(n * len);
-  if (!buf.empty()) H5DDP_CHECK_H5(H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()));
-  std::vector<std::string> out;
-  for (size_t i = 0; i < n; ++i) {
-    std::string s(buf.data() + i * len, len);
-    out.push_back(s.substr(0, s.find('\0')));
-  }
-  if (string_size) *string_size = len;
-  return out;
+  if (string_size) *string_size = H5Tget_size(type);
+  return read_string_elements(ds, type, shape.empty() ? 1 : static_cast<size_t>(shape[0]));
 }
 
 std::vector<std::string> numeric_children(hid_t f, const std::string& group) {

@@ -19,6 +19,17 @@ const ObjectFact* FileFacts::find(const std::string& object_path) const {
   return it == objects.end() ? nullptr : &it->second;
 }
 
+std::vector<std::string> FileFacts::children(const std::string& group) const {
+  std::vector<std::string> out;
+  const std::string prefix = group + "/";
+  for (auto it = objects.lower_bound(prefix); it != objects.end(); ++it) {
+    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+    const std::string rest = it->first.substr(prefix.size());
+    if (rest.find('/') == std::string::npos) out.push_back(rest);
+  }
+  return out;
+}
+
 namespace {
 
 using AK = AttrFact::Kind;
@@ -359,17 +370,6 @@ void check_state_group(Report& r, const std::string& p, const std::string& type,
     if (!have.count(k)) r.problem("R6: " + group + "/" + k + " is missing (a " + type + " state group has it)");
 }
 
-// The children names of group `g` (direct only).
-std::vector<std::string> child_names(const FileFacts& f, const std::string& g) {
-  std::vector<std::string> out;
-  for (auto it = f.objects.lower_bound(g + "/"); it != f.objects.end(); ++it) {
-    if (it->first.compare(0, g.size() + 1, g + "/") != 0) break;
-    const std::string rest = it->first.substr(g.size() + 1);
-    if (rest.find('/') == std::string::npos) out.push_back(rest);
-  }
-  return out;
-}
-
 // R4, R5, R6, R7, R8, R9: the optimizer's groups and state.
 void check_optimizer(Report& r) {
   const ObjectFact* opt = require_object(r, format::kOptimizerGroup, ObjectFact::Kind::kGroup);
@@ -383,8 +383,8 @@ void check_optimizer(Report& r) {
               "', not sgd, adam, adamw or empty");
     return;
   }
-  const auto groups = child_names(r.facts, format::kParamGroupsGroup);
-  const auto states = child_names(r.facts, format::kOptimizerStateGroup);
+  const auto groups = r.facts.children(format::kParamGroupsGroup);
+  const auto states = r.facts.children(format::kOptimizerStateGroup);
   if (type.empty() && (!groups.empty() || !states.empty()))
     r.problem("R6: optimizer type is empty (no optimizer) but the file has param groups or state");
   std::map<std::string, bool> amsgrad_of;  // parameter -> its group's amsgrad

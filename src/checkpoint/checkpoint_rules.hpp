@@ -47,6 +47,8 @@ struct FileFacts {
   std::string path;                           // the file, as named to the reader
   std::map<std::string, ObjectFact> objects;  // every object by absolute path ("/" for the root group)
   const ObjectFact* find(const std::string& object_path) const;
+  // The names of the direct children of `group` ("/model"), in byte order (the map's order, HDF5's too).
+  std::vector<std::string> children(const std::string& group) const;
 };
 
 // Reads the facts of an open file: one walk of every object and attribute, metadata only (collective when the
