@@ -21,6 +21,14 @@ namespace h5ddp {
 // the others only agree and broadcast, over any Comm.
 class MpiComm;
 
+// How each rank's share of the tensor bytes reaches the file (docs/DESIGN.md, "Writes around the page cache").
+enum class WriteMode {
+  kAuto,    // kDirect: chosen by measurement (docs/BENCHMARKS.md, "Async saves end to end")
+  kDirect,  // each rank pwrites its rows with O_DIRECT (no page-cache pages; its edges and where the file
+            // system refuses O_DIRECT, through the page cache); HDF5 writes only the metadata
+  kMpiio,   // H5Dwrite through MPI-IO and the page cache; datasets split between ranks collectively
+};
+
 struct SaveOptions {
   bool fsync = true;   // fsync the file (every rank) and the directory before and after the rename
   int keep_last = 0;   // retention: keep the K newest ckpt-<step>.h5 (0 = keep all)
@@ -38,6 +46,7 @@ struct SaveOptions {
   // of a tensor up to 64 KiB) before writing. true: every rank hashes every tensor in full and all hashes
   // must agree (N times the hashing work; overlapped with the writes, like the default's).
   bool verify_replicas = false;
+  WriteMode write_mode = WriteMode::kAuto;
 };
 
 struct SaveResult {
@@ -47,6 +56,7 @@ struct SaveResult {
   double seconds = 0;            // wall time of the whole save on this rank
   int collective_writes = 0;     // datasets written with a collective transfer that HDF5 confirmed collective
   int independent_writes = 0;    // datasets (or parts) this rank wrote independently
+  uint64_t direct_bytes = 0;     // tensor bytes this rank wrote with O_DIRECT (WriteMode::kDirect)
 };
 
 // Collective. Writes run_dir/<name>.partial with MPI-IO, commits it (close, fsync, rename, fsync dir), moves

@@ -30,7 +30,9 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-constexpr size_t kAlign = 64;                     // each tensor starts on a cache line
+constexpr size_t kAlign = 64;                     // each tensor starts on a cache line,
+constexpr size_t kPage = 4096;                    // a large one on a page: its O_DIRECT writes need no bounce
+constexpr size_t kPageAlignBytes = 64u << 10;     // (the file starts datasets of 1 MiB and more on 1 MiB)
 constexpr size_t kParallelCopyBytes = 64u << 20;  // below this, one thread copies
 constexpr size_t kCopyChunk = 16u << 20;          // unit of work of the copy threads
 
@@ -48,8 +50,12 @@ void lower_this_thread_priority() {
     log::debug(std::string("asynchronous checkpoint: cannot lower the writer's priority: ") + std::strerror(errno));
 }
 
-size_t align_up(size_t n) {
-  return (n + kAlign - 1) / kAlign * kAlign;
+size_t align_up(size_t n, size_t to = kAlign) {
+  return (n + to - 1) / to * to;
+}
+// Where a tensor of n bytes may start in the arena (an offset from its page-aligned base).
+size_t place(size_t offset, size_t n) {
+  return align_up(offset, n >= kPageAlignBytes ? kPage : kAlign);
 }
 
 // Copies n bytes; in CUDA builds `src` may be device memory (unified addressing tells which).
@@ -129,7 +135,7 @@ struct AsyncCheckpointer::Buffers {
     else
       cudaGetLastError();
 #endif
-    if (!data) data = std::aligned_alloc(kAlign, align_up(std::max<size_t>(bytes, 1)));
+    if (!data) data = std::aligned_alloc(kPage, align_up(std::max<size_t>(bytes, 1), kPage));
     if (!data) throw CheckpointError("cannot allocate " + std::to_string(bytes) + " bytes of checkpoint buffers");
     capacity = bytes;
     ++allocations;
@@ -217,7 +223,7 @@ void AsyncCheckpointer::copy_tensors() {
   for (auto& t : snapshot_.optimizer.state) refs.push_back(&t);
   for (auto& t : snapshot_.user) refs.push_back(&t);
   size_t total = 0;
-  for (TensorRef* t : refs) total += align_up(t->nbytes());
+  for (TensorRef* t : refs) total = place(total, t->nbytes()) + t->nbytes();
   buffers_->reserve(total);
 
   std::vector<Copy> copies;
@@ -226,12 +232,13 @@ void AsyncCheckpointer::copy_tensors() {
   for (TensorRef* t : refs) {
     const size_t n = t->nbytes();
     H5DDP_CHECK(n == 0 || t->data != nullptr, "tensor " + t->name + " has no data");
+    offset = place(offset, n);
     char* dst = base + offset;
     // Split big tensors so the copy threads share the work evenly.
     for (size_t done = 0; done < n; done += kCopyChunk)
       copies.push_back({dst + done, static_cast<const char*>(t->data) + done, std::min(kCopyChunk, n - done)});
     t->data = dst;
-    offset += align_up(n);
+    offset += n;
   }
   timing_.bytes_copied = offset;
   run_copies(copies, offset >= kParallelCopyBytes);

@@ -344,6 +344,7 @@ SaveResult Checkpointer::save() {
   o.keep_best = options_.keep_best;
   o.keep_best_metric = options_.keep_best_metric;
   o.verify_replicas = options_.verify_replicas;
+  o.write_mode = options_.write_mode;
   o.keep_files = impl_->keep_files;
   impl_->last_save_time = Clock::now();
   stats_ = SaveStats();

@@ -188,6 +188,11 @@ po::options_description checkpoint_options(TrainConfig& c, Switches& sw) {
       "verify-replicas", po::bool_switch(&c.verify_replicas),
       "on every save, every rank hashes every tensor in "
       "full and the hashes must agree (default: a sampled comparison; each tensor hashed by the rank writing it)")(
+      "checkpoint-write", po::value(&c.checkpoint_write)->default_value(c.checkpoint_write),
+      "auto | direct | mpiio: how each rank writes its share of a checkpoint: with O_DIRECT, around the page "
+      "cache (no page-cache pages to allocate: a background save takes less CPU from training), or through "
+      "MPI-IO and the page cache; auto = direct (falls back to the page cache where the file system refuses "
+      "O_DIRECT)")(
       "load-strategy", po::value(&c.load_strategy)->default_value(c.load_strategy),
       "every-rank-reads | share-exchange: how a resume reads the checkpoint: every rank reads every byte, or "
       "each rank reads 1/N and the ranks exchange shares over MPI (fewer file-system reads: for a parallel "
@@ -235,6 +240,8 @@ void validate_run(TrainConfig& c, const Switches& sw) {
   require(c.keep_every >= 0, "keep-every", c.keep_every, "must be >= 0");
   require(c.on_save_error == "stop" || c.on_save_error == "continue", "on-save-error", c.on_save_error,
           "must be stop | continue");
+  require(c.checkpoint_write == "auto" || c.checkpoint_write == "direct" || c.checkpoint_write == "mpiio",
+          "checkpoint-write", c.checkpoint_write, "must be auto | direct | mpiio");
   require(c.load_strategy == "every-rank-reads" || c.load_strategy == "share-exchange", "load-strategy",
           c.load_strategy, "must be every-rank-reads | share-exchange");
   if (sw.watchdog != "auto") {

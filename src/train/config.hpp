@@ -43,6 +43,7 @@ struct TrainConfig {
   bool fsync = true;
   bool shard_optimizer = false;                    // ZeRO-1 (DdpOptions::shard_optimizer)
   bool verify_replicas = false;                    // every rank hashes every tensor on save and all hashes must agree
+  std::string checkpoint_write = "auto";           // auto | direct | mpiio (WriteMode)
   std::string load_strategy = "every-rank-reads";  // every-rank-reads | share-exchange (LoadStrategy)
   bool async_checkpoint = false;                   // write checkpoints on a background thread (blocks only for a copy)
   std::string on_save_error = "stop";              // stop | continue: a failed periodic save ends training, or is

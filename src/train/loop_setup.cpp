@@ -21,6 +21,9 @@ CheckpointerOptions checkpointer_options(const TrainConfig& c) {
   o.async = c.async_checkpoint;
   o.fsync = c.fsync;
   o.verify_replicas = c.verify_replicas;
+  o.write_mode = c.checkpoint_write == "direct"  ? WriteMode::kDirect
+                 : c.checkpoint_write == "mpiio" ? WriteMode::kMpiio
+                                                 : WriteMode::kAuto;
   o.load.strategy = c.load_strategy == "share-exchange" ? LoadStrategy::kShareExchange : LoadStrategy::kEveryRankReads;
   o.continue_on_save_error = c.on_save_error == "continue";
   return o;  // shard_optimizer: set by the Checkpointer from the ShardedOptimizer
