@@ -50,7 +50,7 @@ struct CheckpointerOptions {
   bool fsync = true;             // durable before `latest` moves (tests may turn it off)
   bool verify_replicas = false;  // every rank hashes every replicated tensor (SaveOptions::verify_replicas)
   WriteMode write_mode = WriteMode::kAuto;  // how tensor bytes reach the file (SaveOptions::write_mode)
-  bool handle_signals = true;    // SIGUSR1/SIGTERM -> save, exit 75; SIGINT -> save, exit 130
+  bool handle_signals = true;               // SIGUSR1/SIGTERM -> save, exit 75; SIGINT -> save, exit 130
   // A failed periodic save is reported on rank 0 and retried at the next trigger (the previous checkpoint
   // and `latest` stay as they were); false: it throws. Final and signal saves always throw.
   bool continue_on_save_error = false;

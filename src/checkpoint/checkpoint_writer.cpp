@@ -394,7 +394,8 @@ std::string write_direct(SaveJob& job) {
       mid_fault_checked = true;
       ckpt::maybe_inject_fault("mid_data", job.rank);
     };
-    const auto r = ckpt::write_extents_direct(job.partial_path, extents, progress, ckpt::refuse_direct_for_tests(job.rank));
+    const auto r =
+        ckpt::write_extents_direct(job.partial_path, extents, progress, ckpt::refuse_direct_for_tests(job.rank));
     if (!mid_fault_checked) ckpt::maybe_inject_fault("mid_data", job.rank);
     job.result.direct_bytes = r.direct_bytes;
     job.result.independent_writes = static_cast<int>(extents.size());
