@@ -500,7 +500,8 @@ SaveResult save_checkpoint(MpiComm& comm, const TrainState& state, const std::st
     throw;
   }
   commit(job);
-  log::debug("save " + job.final_path + ":" + job.timer.timeline());
+  log::debug("save " + job.final_path + ":" + job.timer.timeline() +
+             " direct_bytes=" + std::to_string(job.result.direct_bytes));
   job.result.seconds = job.timer.total_seconds();
   return job.result;
 }

@@ -5,10 +5,11 @@ exactly the name of a committed checkpoint (the old or the new one: never a part
 garbage), and a restart resumes from the NEWEST complete checkpoint (step 2, or step 4 once the rename, the
 commit point, happened) and finishes. Phases inside the `latest` update (latest_written, latest_renamed)
 and retention (mid_retention: killed between two removals of old checkpoints) run on rank 0 only.
-Arguments: rank count, [--async-checkpoint], [--cases phase:who,...] (CI runs the full matrix at 2 ranks
+Arguments: rank count, [--async-checkpoint], [--checkpoint-write auto|direct|mpiio], [--cases phase:who,...] (CI runs the full matrix at 2 ranks
 and a few cases at 1 and 4, to keep the suite short on a 2-core machine)."""
 import argparse
 import os
+import re
 import shutil
 import sys
 
@@ -18,13 +19,22 @@ import h5ddp_test as ht  # noqa: E402
 ap = argparse.ArgumentParser()
 ap.add_argument("np", type=int)
 ap.add_argument("--async-checkpoint", action="store_true", help="the killed save is an asynchronous one")
+ap.add_argument("--checkpoint-write", default="auto", help="h5ddp-train --checkpoint-write of every save "
+                "(auto = direct: O_DIRECT writes; mpiio: through MPI-IO and the page cache)")
 ap.add_argument("--cases", default="", help="phase:who,... (who = rank or all); default: every phase, "
                 "the last rank and all ranks")
 ARGS = ap.parse_args()
 NP, ASYNC = ARGS.np, ARGS.async_checkpoint
 PHASES = ["before_data", "mid_data", "before_rename", "before_latest", "latest_written", "latest_renamed"]
 RANK0_PHASES = ["latest_written", "latest_renamed", "mid_retention"]  # only rank 0 moves `latest`, retains
-EXTRA = ["--async-checkpoint"] if ASYNC else []
+EXTRA = (["--async-checkpoint"] if ASYNC else []) + ["--checkpoint-write", ARGS.checkpoint_write]
+# A hidden layer of 128: the first layer's weight and Adam moments (401 KB each) are large enough for O_DIRECT
+# writes (docs/DESIGN.md, "Writes around the page cache"), so the kills land in that path too.
+HIDDEN = 128
+
+
+def train(run_dir, steps, env=None, keep_last=0):
+    return ht.train(NP, run_dir, steps, extra=EXTRA, env=env, keep_last=keep_last, hidden=HIDDEN)
 _base = None
 
 
@@ -33,8 +43,15 @@ def base_run():
     global _base
     if _base is None:
         _base = ht.scratch("kill-base")
-        r = ht.train(NP, _base, 2, extra=EXTRA)
+        r = train(_base, 2, env={"H5DDP_LOG_LEVEL": "debug"})
         ht.check(r.rc == 0, f"base run failed: {r}")
+        # The saves went the way --checkpoint-write says: some O_DIRECT bytes, or none with mpiio.
+        direct = [int(n) for n in re.findall(r"direct_bytes=(\d+)", r.text)]
+        ht.check(len(direct) >= NP, f"base run: no save timeline in the debug log: {r}")
+        if ARGS.checkpoint_write == "mpiio":
+            ht.check(sum(direct) == 0, f"base run: O_DIRECT bytes written in mpiio mode: {direct}")
+        else:
+            ht.check(sum(direct) > 0, f"base run: no O_DIRECT bytes written (direct_bytes {direct})")
         ht.check([ht.step_of(f) for f in ht.checkpoints(_base)] == [2], f"base run: {ht.checkpoints(_base)}")
     return _base
 
@@ -56,7 +73,7 @@ def check_latest(run_dir, allowed_steps, what):
 def kill_scenario(phase, who):
     run_dir = ht.copy_run(base_run(), f"kill-{phase}-{who}")
     try:
-        r = ht.train(NP, run_dir, 6, extra=EXTRA, env=hook_env(phase, who))
+        r = train(run_dir, 6, env=hook_env(phase, who))
         ht.check(r.rc != 0, f"run with {phase}:{who} was not killed: {r}")
         ht.check("killing this rank at " + phase in r.text, f"fault hook did not fire: {r}")
         files = ht.verify_all(run_dir)
@@ -78,7 +95,7 @@ def kill_scenario(phase, who):
         latest_step = check_latest(run_dir, latest_allowed, f"{phase}:{who}")
         # The restart: resumes from the newest complete checkpoint (never a .partial, never an older file
         # because `latest` still names it) and finishes.
-        r2 = ht.train(NP, run_dir, 6, extra=EXTRA)
+        r2 = train(run_dir, 6)
         ht.check(r2.rc == 0, f"restart after {phase}:{who} failed: {r2}")
         src = ht.resumed_from(r2)
         ht.check(src is not None, f"restart after {phase}:{who} did not resume: {r2}")
@@ -98,16 +115,16 @@ def retention_scenario():
     --keep-last 1 saves step 8, moves `latest` to it and is killed after removing the first old file."""
     run_dir = ht.copy_run(base_run(), "kill-mid_retention")
     try:
-        r = ht.train(NP, run_dir, 6, extra=EXTRA)
+        r = train(run_dir, 6)
         ht.check(r.rc == 0 and [ht.step_of(f) for f in ht.checkpoints(run_dir)] == [2, 4, 6], f"setup: {r}")
-        r = ht.train(NP, run_dir, 10, extra=EXTRA, env=hook_env("mid_retention", "all"), keep_last=1)
+        r = train(run_dir, 10, env=hook_env("mid_retention", "all"), keep_last=1)
         ht.check(r.rc != 0, f"run with mid_retention:all was not killed: {r}")
         ht.check("killing this rank at mid_retention" in r.text, f"fault hook did not fire: {r}")
         steps = [ht.step_of(f) for f in ht.verify_all(run_dir)]
         ht.check(8 in steps and len(steps) == 3 and set(steps) < {2, 4, 6, 8},
                  f"expected step 8 and two of 2, 4, 6 left (one removed), found {steps}")
         check_latest(run_dir, [8], "mid_retention")
-        r2 = ht.train(NP, run_dir, 10, extra=EXTRA, keep_last=1)
+        r2 = train(run_dir, 10, keep_last=1)
         ht.check(r2.rc == 0, f"restart after mid_retention failed: {r2}")
         src = ht.resumed_from(r2)
         ht.check(src is not None and src[1] == 8, f"restart after mid_retention resumed from {src}, expected 8")
@@ -125,7 +142,7 @@ def test_hook_not_armed_without_test_hooks():
     armed only with H5DDP_TEST_HOOKS=1 too, and says that it ignored the variable."""
     run_dir = ht.copy_run(base_run(), "kill-unarmed")
     try:
-        r = ht.train(NP, run_dir, 4, extra=EXTRA, env={"H5DDP_FAULT_INJECT": "before_data:all"})
+        r = train(run_dir, 4, env={"H5DDP_FAULT_INJECT": "before_data:all"})
         ht.check(r.rc == 0, f"run with an unarmed H5DDP_FAULT_INJECT failed: {r}")
         ht.check("killing this rank" not in r.text and "ignoring H5DDP_FAULT_INJECT" in r.text,
                  f"expected the unarmed hook to be ignored with a warning: {r}")

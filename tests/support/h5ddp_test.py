@@ -413,8 +413,8 @@ def train_args(run_dir, max_steps, every=2, extra=(), hidden=32, keep_last=0):
             "--log-every", "1"] + list(extra)
 
 
-def train(np, run_dir, max_steps, every=2, extra=(), env=None, timeout=STEP_TIMEOUT, keep_last=0):
-    return mpirun(np, train_args(run_dir, max_steps, every, extra, keep_last=keep_last), timeout, env)
+def train(np, run_dir, max_steps, every=2, extra=(), env=None, timeout=STEP_TIMEOUT, keep_last=0, hidden=32):
+    return mpirun(np, train_args(run_dir, max_steps, every, extra, hidden, keep_last), timeout, env)
 
 
 def resumed_from(result):

@@ -10,17 +10,19 @@ mode sees the same machine load), medians reported:
   async/direct  --async-checkpoint, O_DIRECT writes
 Per mode: process wall time, end-to-end samples/s (steps x global batch / wall), the time training was blocked in
 saves (rank 0's `save` records: for async the copy into the arena and any wait for the previous save), the bytes
-written, and the save cost (wall - wall of none) as a share of the same method's sync cost. No final checkpoint;
+written, the save cost (wall - wall of none) as a share of the same method's sync cost, and the CPU time (user +
+system, all ranks) the run took beyond the run without saves, its system part in parentheses. No final checkpoint;
 saves fsync (the default); every run starts in a fresh run directory, removed afterwards.
 
   tools/bench/async_e2e.py BUILD_DIR [--ranks 1 2] [--configs heavy compute] [--rounds 3] [--dir /tmp/...]
 Configurations (Fashion-MNIST, MLP, Adam):
-  heavy    MLP 4096x4096x4096, ~0.45 GB of state, batch 8, 50 steps, a save every 10 (5 saves)
-  compute  MLP 2048x2048, ~75 MB of state, batch 64, 200 steps, a save every 10 (20 saves)
+  heavy    MLP 4096x4096x4096, ~0.45 GB of state, batch 8, 30 steps, a save every 6 (5 saves)
+  compute  MLP 2048x2048, ~75 MB of state, batch 64, 100 steps, a save every 10 (10 saves)
 """
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -29,8 +31,8 @@ import tempfile
 import time
 
 CONFIGS = {
-    "heavy": dict(hidden="4096,4096,4096", batch=8, steps=50, every=10),
-    "compute": dict(hidden="2048,2048", batch=64, steps=200, every=10),
+    "heavy": dict(hidden="4096,4096,4096", batch=8, steps=30, every=6),
+    "compute": dict(hidden="2048,2048", batch=64, steps=100, every=10),
 }
 MODES = {
     "none": [],
@@ -51,34 +53,39 @@ def run_once(build, work, config, ranks, mode, tag):
            "--run-dir", run_dir, "--checkpoint-every-steps", "0" if mode == "none" else str(c["every"])]
     cmd += MODES[mode]
     env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    u0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wall = time.monotonic() - t0
+    u1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (u1.ru_utime - u0.ru_utime) + (u1.ru_stime - u0.ru_stime)
+    sys_cpu = u1.ru_stime - u0.ru_stime
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}")
     saves = [r for r in map(json.loads, open(os.path.join(run_dir, "metrics.jsonl"))) if r["event"] == "save"]
     shutil.rmtree(run_dir)
-    return dict(wall=wall, blocked=sum(s["blocked_seconds"] for s in saves),
+    return dict(wall=wall, cpu=cpu, sys=sys_cpu, blocked=sum(s["blocked_seconds"] for s in saves),
                 bytes=sum(s["bytes"] for s in saves), saves=len(saves))
 
 
 def table(results, config, ranks):
     c = CONFIGS[config]
-    med = {m: {k: statistics.median(r[k] for r in rs) for k in ("wall", "blocked", "bytes", "saves")}
+    med = {m: {k: statistics.median(r[k] for r in rs) for k in ("wall", "cpu", "sys", "blocked", "bytes", "saves")}
            for m, rs in results.items()}
-    none = med["none"]["wall"]
+    none, none_cpu = med["none"]["wall"], med["none"]["cpu"]
     print(f"\n{config}, {ranks} rank(s): MLP {c['hidden']}, batch {c['batch']}, {c['steps']} steps, "
           f"{int(med['sync/mpiio']['saves'])} saves of {med['sync/mpiio']['bytes'] / max(1, med['sync/mpiio']['saves']) / 1e6:.0f} MB"
           f" ({len(results['none'])} rounds, medians; walls per round: "
           + "; ".join(f"{m} " + " ".join(f"{r['wall']:.1f}" for r in rs) for m, rs in results.items()) + ")")
-    print("| mode | wall (s) | samples/s | blocked in saves (s) | GB written | cost vs none (s) | cost / same method's sync |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| mode | wall (s) | samples/s | blocked in saves (s) | GB written | cost vs none (s) | cost / same method's "
+          "sync | CPU s vs none (system) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for m, v in med.items():
         cost = v["wall"] - none
         sync = med.get("sync/" + m.split("/")[-1]) if m != "none" else None
         share = f"{100 * cost / (sync['wall'] - none):.0f}%" if sync and sync["wall"] - none > 0.05 else "-"
         print(f"| {m} | {v['wall']:.2f} | {c['steps'] * c['batch'] / v['wall']:.1f} | {v['blocked']:.2f} | "
-              f"{v['bytes'] / 1e9:.2f} | {cost:+.2f} | {share} |")
+              f"{v['bytes'] / 1e9:.2f} | {cost:+.2f} | {share} | {v['cpu'] - none_cpu:+.1f} ({v['sys'] - med['none']['sys']:+.1f}) |")
     sys.stdout.flush()
 
 

@@ -8,7 +8,7 @@
 // measured by tools/bench/torch_ckpt_peer.py; tools/bench/checkpoint_bench.sh interleaves the two programs.
 //
 //   mpirun -np 2 h5ddp-bench-checkpoint --gib 1 --dir /tmp/bench [--fsync 1] [--load 1]
-//                                       [--methods h5ddp,raw,raw_direct,no_early_writeback] [--reps R] [--tensors K]
+//                                       [--methods h5ddp,raw,raw_direct,no_early_writeback,mpiio] [--reps R] [--tensors K]
 //                                       [--verify 0|1]
 //                                       [--settle SECONDS] [--order N]
 //
@@ -142,6 +142,7 @@ class Bench {
       if (o_.has("h5ddp")) save_load_h5ddp(h5, rep + o_.order);
       if (o_.has("raw")) save_load_raw(raw);
       if (o_.has("no_early_writeback")) save_without_early_writeback(h5);
+      if (o_.has("mpiio")) save_through_mpiio(h5);
     }
   }
 
@@ -173,8 +174,15 @@ class Bench {
     ::unsetenv("H5DDP_EARLY_WRITEBACK");
     remove_h5ddp(h5);
   }
-  void save_h5ddp() {
+  // A/B of the write mode (issue 46): the same save with the tensor bytes through MPI-IO and the page cache
+  // (--checkpoint-write mpiio) instead of the default O_DIRECT writes.
+  void save_through_mpiio(const std::string& h5) {
+    measure("save", "h5ddp_mpiio", [&] { save_h5ddp(WriteMode::kMpiio); });
+    remove_h5ddp(h5);
+  }
+  void save_h5ddp(WriteMode mode = WriteMode::kAuto) {
     SaveOptions so;
+    so.write_mode = mode;
     so.fsync = o_.fsync;
     so.name = "bench.h5";
     save_checkpoint(comm_, state_, o_.dir, so);

@@ -6,7 +6,9 @@
 #     env: REPS=3, CASES="0.45:2 0.45:4 1:1 1:2 1:4" (GiB:ranks), FSYNCS="1" (0 and/or 1), SETTLE=0 (seconds between
 #          eviction and each h5ddp/raw load), PY=/usr/bin/python3, H5DDP_BENCH_ENV (extra env for h5ddp, e.g. a
 #          setting under test), VARIANTS="" (space-separated LABEL:VAR=VALUE: h5ddp runs again in every repetition
-#          with that environment, its methods tagged @LABEL, e.g. VARIANTS="nobounce:H5DDP_LOAD_BOUNCE=0")
+#          with that environment, its methods tagged @LABEL, e.g. VARIANTS="nobounce:H5DDP_LOAD_BOUNCE=0"),
+#          METHODS=h5ddp,raw,raw_direct,mpiio (h5ddp-bench-checkpoint --methods; mpiio: h5ddp's save again with
+#          --checkpoint-write mpiio, its own table)
 # Each repetition runs h5ddp-bench-checkpoint (h5ddp, raw MPI-IO, raw O_DIRECT) and tools/bench/torch_ckpt_peer.py
 # (torch.save/load, dd) once, the order alternating by repetition so that drift in the machine hits both.
 # Files are deleted after every measurement.
@@ -28,7 +30,7 @@ mpi=(mpirun --allow-run-as-root --oversubscribe)
 h5() {
   rm -rf "$scratch"
   env ${H5DDP_BENCH_ENV:-} "${mpi[@]}" -np "$np" "$bench" --gib "$gib" --dir "$scratch" --fsync "$fsync" \
-    --reps 1 --order "$rep" --settle "$settle"
+    --reps 1 --order "$rep" --settle "$settle" --methods "${METHODS:-h5ddp,raw,raw_direct,mpiio}"
 }
 peer() {
   rm -rf "$scratch"

@@ -60,6 +60,14 @@ for c in cases:
     print(f"| {c[0]:.2f} | {c[1]} | {c[2]} | {fmt(h)} | {fmt(ts)} | {fmt(dd)} | {fmt(r)} | **{ratio(ts, h)}** | "
           f"{paired(c, 'save', 'torch_save', 'h5ddp')} | **{ratio(dd, h)}** | {paired(c, 'save', 'dd', 'h5ddp')} | "
           f"{ratio(r, h)} | {rss[c + ('save', 'h5ddp')]:.1f}% |")
+if any(k[3] == "save" and k[4] == "h5ddp_mpiio" for k in times):
+    print("\n### Save: O_DIRECT writes (default) against MPI-IO through the page cache (`--methods h5ddp,mpiio`)\n")
+    print("| GiB | ranks | fsync | h5ddp (direct) | h5ddp (mpiio) | mpiio / direct time | paired |")
+    print("|---|---|---|---|---|---|---|")
+    for c in cases:
+        h, m = med(c, "save", "h5ddp"), med(c, "save", "h5ddp_mpiio")
+        print(f"| {c[0]:.2f} | {c[1]} | {c[2]} | {fmt(h)} | {fmt(m)} | **{ratio(m, h)}** | "
+              f"{paired(c, 'save', 'h5ddp_mpiio', 'h5ddp')} |")
 print("\n### Load (seconds, median, cold page cache; every rank ends with the whole state)\n")
 print("| GiB | ranks | fsync | h5ddp (every rank reads) | share+exchange | torch.load (every rank) | dd cold read | "
       "h5ddp vs torch.load | h5ddp / dd read | every rank reads, 2nd load | share+exchange, 2nd load | "
