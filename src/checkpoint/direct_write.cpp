@@ -19,7 +19,7 @@
 namespace h5ddp::ckpt {
 namespace {
 
-constexpr uint64_t kBlock = 4096;  // O_DIRECT alignment of memory, offset and length
+constexpr uint64_t kBlock = 4096;   // O_DIRECT alignment of memory, offset and length
 constexpr int kWritesInFlight = 4;  // also the number of writer threads (each waits on the device, not a core)
 
 uint64_t down(uint64_t v) {

@@ -8,7 +8,8 @@
 // measured by tools/bench/torch_ckpt_peer.py; tools/bench/checkpoint_bench.sh interleaves the two programs.
 //
 //   mpirun -np 2 h5ddp-bench-checkpoint --gib 1 --dir /tmp/bench [--fsync 1] [--load 1]
-//                                       [--methods h5ddp,raw,raw_direct,no_early_writeback,mpiio] [--reps R] [--tensors K]
+//                                       [--methods h5ddp,raw,raw_direct,no_early_writeback,mpiio] [--reps R] [--tensors
+//                                       K]
 //                                       [--verify 0|1]
 //                                       [--settle SECONDS] [--order N]
 //
