@@ -10,7 +10,8 @@ mode sees the same machine load), medians reported:
   async/direct  --async-checkpoint, O_DIRECT writes
 Per mode: process wall time, end-to-end samples/s (steps x global batch / wall), the time training was blocked in
 saves (rank 0's `save` records: for async the copy into the arena and any wait for the previous save), the bytes
-written, the save cost (wall - wall of none) as a share of the same method's sync cost, and the CPU time (user +
+written, the save cost (wall - wall of none) as a share of the same write mode's sync cost (when that is 1 s or
+more), and the CPU time (user +
 system, all ranks) the run took beyond the run without saves, its system part in parentheses. No final checkpoint;
 saves fsync (the default); every run starts in a fresh run directory, removed afterwards.
 
@@ -83,7 +84,8 @@ def table(results, config, ranks):
     for m, v in med.items():
         cost = v["wall"] - none
         sync = med.get("sync/" + m.split("/")[-1]) if m != "none" else None
-        share = f"{100 * cost / (sync['wall'] - none):.0f}%" if sync and sync["wall"] - none > 0.05 else "-"
+        # A share of a sync cost inside the noise (under 1 s) would mean nothing: "-".
+        share = f"{100 * cost / (sync['wall'] - none):.0f}%" if sync and sync["wall"] - none >= 1.0 else "-"
         print(f"| {m} | {v['wall']:.2f} | {c['steps'] * c['batch'] / v['wall']:.1f} | {v['blocked']:.2f} | "
               f"{v['bytes'] / 1e9:.2f} | {cost:+.2f} | {share} | {v['cpu'] - none_cpu:+.1f} ({v['sys'] - med['none']['sys']:+.1f}) |")
     sys.stdout.flush()
