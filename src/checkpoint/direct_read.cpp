@@ -12,27 +12,14 @@
 #include <mutex>
 #include <thread>
 
+#include "checkpoint/direct_io.hpp"
 #include "h5ddp/error.hpp"
 
 namespace h5ddp::ckpt {
 namespace {
 
-constexpr uint64_t kBlock = 4096;  // O_DIRECT alignment of memory, offset and length (a multiple of 512)
-
-bool aligned(uint64_t v) {
-  return v % kBlock == 0;
-}
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-struct AlignedFree {
-  void operator()(char* p) const { std::free(p); }
-};
+using direct_io::aligned;
+using direct_io::kBlock;
 
 struct Piece {
   size_t extent = 0;
@@ -61,9 +48,8 @@ class Reader {
         pieces_.push_back(std::move(p));
       }
     for (int i = 0; i <= kDirectReadsInFlight; ++i) {
-      void* m = nullptr;
-      if (::posix_memalign(&m, kBlock, kDirectPieceBytes + 2 * kBlock) != 0) throw std::bad_alloc();
-      pool_.emplace_back(static_cast<char*>(m));
+      pool_.push_back(direct_io::aligned_buffer(kDirectPieceBytes + 2 * kBlock));
+      if (!pool_.back()) throw std::bad_alloc();
       free_.push_back(pool_.back().get());
     }
   }
@@ -132,8 +118,8 @@ class Reader {
     char* dst = x.dst + p.begin;
     if (use_direct_) {
       // The aligned span that holds the piece; a bounce piece's bytes start `skip` into its buffer.
-      const uint64_t from = p.buf ? off / kBlock * kBlock : off;
-      const uint64_t to = p.buf ? (off + p.len + kBlock - 1) / kBlock * kBlock : off + p.len;
+      const uint64_t from = p.buf ? direct_io::round_down(off) : off;
+      const uint64_t to = p.buf ? direct_io::round_up(off + p.len) : off + p.len;
       char* into = p.buf ? p.buf : dst;
       const uint64_t need = off + p.len - from;
       uint64_t got = 0;
@@ -183,9 +169,9 @@ class Reader {
   const std::string& path_;
   const std::vector<FileExtent>& extents_;
   const RefuseDirect refuse_;
-  Fd buffered_, direct_;
+  direct_io::Fd buffered_, direct_;
   std::vector<Piece> pieces_;
-  std::vector<std::unique_ptr<char, AlignedFree>> pool_;
+  std::vector<direct_io::AlignedBuffer> pool_;
   std::vector<char*> free_;
   std::mutex mutex_;
   std::condition_variable cv_;

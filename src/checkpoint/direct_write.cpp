@@ -14,31 +14,14 @@
 #include <thread>
 
 #include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/direct_io.hpp"
 #include "h5ddp/error.hpp"
 
 namespace h5ddp::ckpt {
 namespace {
 
-constexpr uint64_t kBlock = 4096;   // O_DIRECT alignment of memory, offset and length
+using direct_io::kBlock;
 constexpr int kWritesInFlight = 4;  // also the number of writer threads (each waits on the device, not a core)
-
-uint64_t down(uint64_t v) {
-  return v / kBlock * kBlock;
-}
-uint64_t up(uint64_t v) {
-  return (v + kBlock - 1) / kBlock * kBlock;
-}
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-struct AlignedFree {
-  void operator()(char* p) const { std::free(p); }
-};
 
 struct Piece {
   size_t extent = 0;
@@ -55,10 +38,11 @@ void cut(const WriteExtent& x, size_t index, std::vector<Piece>& out) {
     if (e <= b) return;
     Piece p;
     p.extent = index, p.begin = b, p.len = e - b, p.direct = direct;
-    p.bounce = direct && (reinterpret_cast<uintptr_t>(x.src + b) % kBlock) != 0;
+    p.bounce = direct && !direct_io::aligned(reinterpret_cast<uintptr_t>(x.src + b));
     out.push_back(std::move(p));
   };
-  const uint64_t body_begin = up(x.offset) - x.offset, body_end = down(x.offset + x.n) - x.offset;
+  const uint64_t body_begin = direct_io::round_up(x.offset) - x.offset,
+                 body_end = direct_io::round_down(x.offset + x.n) - x.offset;
   if (x.n < kDirectWriteMinBytes || body_end <= body_begin) return add(0, x.n, false);
   add(0, body_begin, false);
   for (uint64_t b = body_begin; b < body_end; b += kDirectPieceBytes)
@@ -108,7 +92,7 @@ class Writer {
 
  private:
   void work() {
-    std::unique_ptr<char, AlignedFree> bounce;
+    direct_io::AlignedBuffer bounce;
     for (;;) {
       Piece* p = nullptr;
       {
@@ -116,10 +100,7 @@ class Writer {
         if (abort_ || next_ == pieces_.size()) return;
         p = &pieces_[next_++];
       }
-      if (p->bounce && use_direct_ && !bounce) {
-        void* m = nullptr;
-        if (::posix_memalign(&m, kBlock, kDirectPieceBytes) == 0) bounce.reset(static_cast<char*>(m));
-      }
+      if (p->bounce && use_direct_ && !bounce) bounce = direct_io::aligned_buffer(kDirectPieceBytes);
       std::string error = write(*p, bounce.get());
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -173,7 +154,7 @@ class Writer {
   const std::string& path_;
   const std::vector<WriteExtent>& extents_;
   const RefuseDirect refuse_;
-  Fd buffered_, direct_;
+  direct_io::Fd buffered_, direct_;
   std::vector<Piece> pieces_;
   std::mutex mutex_;
   std::condition_variable cv_;

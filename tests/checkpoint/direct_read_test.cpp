@@ -21,21 +21,7 @@ using ckpt::FileExtent;
 
 namespace {
 
-std::vector<char> pattern(size_t n) {
-  std::vector<char> v(n);
-  uint64_t x = 88172645463325252ull;
-  for (auto& c : v) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    c = static_cast<char>(x);
-  }
-  return v;
-}
-
-std::string write_file(const std::string& dir, const std::vector<char>& bytes) {
-  const std::string path = dir + "/extents.bin";
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  return path;
-}
+constexpr uint64_t kSeed = 88172645463325252ull;
 
 struct AlignedBuf {
   explicit AlignedBuf(size_t n) : p(static_cast<char*>(std::aligned_alloc(4096, (n + 8192) / 4096 * 4096))) {}
@@ -75,8 +61,8 @@ std::vector<FileExtent> mixed_extents(AlignedBuf& mem) {
 }
 
 TEST(DirectRead, EveryAlignmentLandsTheRightBytes) {
-  const auto file = pattern((30u << 20) + 999);
-  const std::string path = write_file(test::scratch_dir("direct_read"), file);
+  const auto file = test::pattern_bytes((30u << 20) + 999, kSeed);
+  const std::string path = test::write_bytes(test::scratch_dir("direct_read"), "extents.bin", file);
   AlignedBuf mem(40u << 20);
   const bool direct = read_and_check(path, mixed_extents(mem), file);
   // /tmp (the scratch dir) is a disk file system on the machines the tests run on: O_DIRECT must have been used,
@@ -87,8 +73,8 @@ TEST(DirectRead, EveryAlignmentLandsTheRightBytes) {
 // Where the file system refuses O_DIRECT (at open, or with EINVAL at the first read: older tmpfs, some FUSE
 // file systems), the same reads go through the page cache.
 TEST(DirectRead, RefusedDirectIoFallsBackToThePageCache) {
-  const auto file = pattern((30u << 20) + 999);
-  const std::string path = write_file(test::scratch_dir("direct_read_refused"), file);
+  const auto file = test::pattern_bytes((30u << 20) + 999, kSeed);
+  const std::string path = test::write_bytes(test::scratch_dir("direct_read_refused"), "extents.bin", file);
   for (auto refuse : {ckpt::RefuseDirect::kAtOpen, ckpt::RefuseDirect::kAtFirstRead}) {
     AlignedBuf mem(40u << 20);
     EXPECT_FALSE(read_and_check(path, mixed_extents(mem), file, refuse)) << "refused at " << static_cast<int>(refuse);
@@ -96,8 +82,8 @@ TEST(DirectRead, RefusedDirectIoFallsBackToThePageCache) {
 }
 
 TEST(DirectRead, FileEndingInsideAnExtentNamesFileExtentAndOffset) {
-  const auto file = pattern((3u << 20) + 100);
-  const std::string path = write_file(test::scratch_dir("direct_read_short"), file);
+  const auto file = test::pattern_bytes((3u << 20) + 100, kSeed);
+  const std::string path = test::write_bytes(test::scratch_dir("direct_read_short"), "extents.bin", file);
   AlignedBuf mem(8u << 20);
   for (uint64_t offset : {uint64_t{1} << 20, uint64_t{1000}}) {  // aligned (direct) and unaligned (bounce)
     std::vector<FileExtent> extents = {{offset, 4u << 20, mem.p, "/model/cut.weight"}};

@@ -21,22 +21,6 @@ using ckpt::WriteExtent;
 
 namespace {
 
-std::vector<char> pattern(size_t n, uint64_t seed) {
-  std::vector<char> v(n);
-  uint64_t x = seed;
-  for (auto& c : v) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    c = static_cast<char>(x);
-  }
-  return v;
-}
-
-std::string write_file(const std::string& dir, const std::vector<char>& bytes) {
-  const std::string path = dir + "/extents.bin";
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  return path;
-}
-
 std::vector<char> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -65,8 +49,8 @@ std::vector<WriteExtent> mixed_extents(const AlignedBuf& mem) {
 // and that progress counted up to the total.
 ckpt::DirectWriteResult write_and_check(const std::string& dir, const std::vector<WriteExtent>& extents,
                                         ckpt::RefuseDirect refuse = ckpt::RefuseDirect::kNo) {
-  auto expected = pattern(36 * kMiB, 1234567);
-  const std::string path = write_file(dir, expected);
+  auto expected = test::pattern_bytes(36 * kMiB, 1234567);
+  const std::string path = test::write_bytes(dir, "extents.bin", expected);
   uint64_t total = 0, last = 0;
   for (const auto& x : extents) {
     std::memcpy(expected.data() + x.offset, x.src, x.n);
@@ -91,7 +75,7 @@ ckpt::DirectWriteResult write_and_check(const std::string& dir, const std::vecto
 
 TEST(DirectWrite, EveryAlignmentWritesTheRightBytesAndNothingElse) {
   AlignedBuf mem(40 * kMiB);
-  const auto src = pattern(40 * kMiB, 99);
+  const auto src = test::pattern_bytes(40 * kMiB, 99);
   std::memcpy(mem.p, src.data(), src.size());
   const auto r = write_and_check(test::scratch_dir("direct_write"), mixed_extents(mem));
   // /tmp (the scratch dir) is a disk file system where the tests run: O_DIRECT must have been used, through
@@ -105,7 +89,7 @@ TEST(DirectWrite, EveryAlignmentWritesTheRightBytesAndNothingElse) {
 // file systems), the same bytes go through the page cache.
 TEST(DirectWrite, RefusedDirectIoFallsBackToThePageCache) {
   AlignedBuf mem(40 * kMiB);
-  const auto src = pattern(40 * kMiB, 7);
+  const auto src = test::pattern_bytes(40 * kMiB, 7);
   std::memcpy(mem.p, src.data(), src.size());
   for (auto refuse : {ckpt::RefuseDirect::kAtOpen, ckpt::RefuseDirect::kAtFirstRead}) {
     const auto r = write_and_check(test::scratch_dir("direct_write_refused"), mixed_extents(mem), refuse);

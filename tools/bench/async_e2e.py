@@ -11,8 +11,12 @@ mode sees the same machine load), medians reported:
 Per mode: process wall time, end-to-end samples/s (steps x global batch / wall), the time training was blocked in
 saves (rank 0's `save` records: for async the copy into the arena and any wait for the previous save), the bytes
 written, the save cost (wall - wall of none) as a share of the same write mode's sync cost (when that is 1 s or
-more), and the CPU time (user +
-system, all ranks) the run took beyond the run without saves, its system part in parentheses. No final checkpoint;
+more), the CPU time (user +
+system, all ranks) the run took beyond the run without saves (its system part in parentheses), and the **step
+excess**: from rank 0's per-step records (`--log-every 1`), the loop's time minus its step count times its own median
+step time, i.e. what the steps that were slower than usual cost. Measured within each run, it does not see the drift
+of this VM's speed between runs (the wall time does), so its difference to none's is the save cost with the least
+noise; saves after the last step's record (the last one) fall outside it in every mode alike. No final checkpoint;
 saves fsync (the default); every run starts in a fresh run directory, removed afterwards.
 
   tools/bench/async_e2e.py BUILD_DIR [--ranks 1 2] [--configs heavy compute] [--rounds 3] [--dir /tmp/...]
@@ -51,7 +55,8 @@ def run_once(build, work, config, ranks, mode, tag):
            os.path.join(build, "tools", "h5ddp-train"), "--model", "mlp", "--mlp-hidden", c["hidden"],
            "--dropout", "0", "--batch-size", str(c["batch"]), "--max-steps", str(c["steps"]), "--no-eval",
            "--no-final-checkpoint", "--resume", "none", "--keep-last", "2", "--threads", "1",
-           "--run-dir", run_dir, "--checkpoint-every-steps", "0" if mode == "none" else str(c["every"])]
+           "--log-every", "1", "--run-dir", run_dir,
+           "--checkpoint-every-steps", "0" if mode == "none" else str(c["every"])]
     cmd += MODES[mode]
     env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     u0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -63,31 +68,46 @@ def run_once(build, work, config, ranks, mode, tag):
     sys_cpu = u1.ru_stime - u0.ru_stime
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}")
-    saves = [r for r in map(json.loads, open(os.path.join(run_dir, "metrics.jsonl"))) if r["event"] == "save"]
+    records = list(map(json.loads, open(os.path.join(run_dir, "metrics.jsonl"))))
+    saves = [r for r in records if r["event"] == "save"]
+    times = [r["time"] for r in records if r["event"] == "train"]
+    dts = [b - a for a, b in zip(times, times[1:])]
+    excess = sum(dts) - len(dts) * statistics.median(dts)
     shutil.rmtree(run_dir)
-    return dict(wall=wall, cpu=cpu, sys=sys_cpu, blocked=sum(s["blocked_seconds"] for s in saves),
+    return dict(wall=wall, excess=excess, cpu=cpu, sys=sys_cpu, blocked=sum(s["blocked_seconds"] for s in saves),
                 bytes=sum(s["bytes"] for s in saves), saves=len(saves))
+
+
+KEYS = ("wall", "excess", "cpu", "sys", "blocked", "bytes", "saves")
 
 
 def table(results, config, ranks):
     c = CONFIGS[config]
-    med = {m: {k: statistics.median(r[k] for r in rs) for k in ("wall", "cpu", "sys", "blocked", "bytes", "saves")}
-           for m, rs in results.items()}
-    none, none_cpu = med["none"]["wall"], med["none"]["cpu"]
+    med = {m: {k: statistics.median(r[k] for r in rs) for k in KEYS} for m, rs in results.items()}
+    base = med["none"]
+    saving = next(v for m, v in med.items() if m != "none")
+    per_round = "; ".join(f"{m} " + " ".join(f"{r['wall']:.1f}/{r['excess']:.1f}" for r in rs)
+                          for m, rs in results.items())
     print(f"\n{config}, {ranks} rank(s): MLP {c['hidden']}, batch {c['batch']}, {c['steps']} steps, "
-          f"{int(med['sync/mpiio']['saves'])} saves of {med['sync/mpiio']['bytes'] / max(1, med['sync/mpiio']['saves']) / 1e6:.0f} MB"
-          f" ({len(results['none'])} rounds, medians; walls per round: "
-          + "; ".join(f"{m} " + " ".join(f"{r['wall']:.1f}" for r in rs) for m, rs in results.items()) + ")")
-    print("| mode | wall (s) | samples/s | blocked in saves (s) | GB written | cost vs none (s) | cost / same method's "
-          "sync | CPU s vs none (system) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          f"{int(saving['saves'])} saves of {saving['bytes'] / max(1, saving['saves']) / 1e6:.0f} MB "
+          f"({len(results['none'])} rounds, medians; wall/step excess per round: {per_round})")
+    print("| mode | wall (s) | samples/s | blocked in saves (s) | GB written | cost vs none (s) | cost / same "
+          "method's sync | step excess (s) | excess beyond none (s) | excess / same method's sync | CPU s vs none "
+          "(system) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for m, v in med.items():
-        cost = v["wall"] - none
+        cost = v["wall"] - base["wall"]
         sync = med.get("sync/" + m.split("/")[-1]) if m != "none" else None
         # A share of a sync cost inside the noise (under 1 s) would mean nothing: "-".
-        share = f"{100 * cost / (sync['wall'] - none):.0f}%" if sync and sync["wall"] - none >= 1.0 else "-"
+        share = share_x = "-"
+        if sync and sync["wall"] - base["wall"] >= 1.0:
+            share = f"{100 * cost / (sync['wall'] - base['wall']):.0f}%"
+        if sync and sync["excess"] - base["excess"] >= 0.5:
+            share_x = f"{100 * (v['excess'] - base['excess']) / (sync['excess'] - base['excess']):.0f}%"
         print(f"| {m} | {v['wall']:.2f} | {c['steps'] * c['batch'] / v['wall']:.1f} | {v['blocked']:.2f} | "
-              f"{v['bytes'] / 1e9:.2f} | {cost:+.2f} | {share} | {v['cpu'] - none_cpu:+.1f} ({v['sys'] - med['none']['sys']:+.1f}) |")
+              f"{v['bytes'] / 1e9:.2f} | {cost:+.2f} | {share} | {v['excess']:.2f} | "
+              f"{v['excess'] - base['excess']:+.2f} | {share_x} | {v['cpu'] - base['cpu']:+.1f} "
+              f"({v['sys'] - base['sys']:+.1f}) |")
     sys.stdout.flush()
 
 
