@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "h5ddp/comm.hpp"
@@ -29,6 +30,14 @@ enum class WriteMode {
   kMpiio,   // H5Dwrite through MPI-IO and the page cache; datasets split between ranks collectively
 };
 
+// MPI_Info hints (key, value) for MPI_File_open, applied over h5ddp's own (cb_buffer_size=16777216,
+// romio_ds_write=disable, romio_cb_write=automatic, romio_cb_read=automatic): what a Lustre or GPFS user sets,
+// e.g. striping_factor, striping_unit, cb_nodes, romio_cb_write. MPI ignores keys it does not know.
+// docs/SCALING.md "Settings".
+using MpiioHints = std::vector<std::pair<std::string, std::string>>;
+// "key=value" -> (key, value); std::invalid_argument naming `text` when it has no '=' or an empty key.
+std::pair<std::string, std::string> parse_mpiio_hint(const std::string& text);
+
 struct SaveOptions {
   bool fsync = true;   // fsync the file (every rank) and the directory before and after the rename
   int keep_last = 0;   // retention: keep the K newest ckpt-<step>.h5 (0 = keep all)
@@ -47,6 +56,12 @@ struct SaveOptions {
   // must agree (N times the hashing work; overlapped with the writes, like the default's).
   bool verify_replicas = false;
   WriteMode write_mode = WriteMode::kAuto;
+  // Parallel file system settings (docs/SCALING.md "Settings"); ranks must agree (an agreed error otherwise).
+  // Both are recorded in the file: /meta `mpiio_hints` (the hints given, "key=value;..."), `h5_alignment`.
+  MpiioHints mpiio_hints;
+  // Datasets of at least this many bytes start on a multiple of it (H5Pset_alignment): a stripe boundary on a
+  // parallel file system; >= 4096 lets O_DIRECT writes skip the bounce buffer. 0: HDF5's packing, no alignment.
+  uint64_t alignment = uint64_t{1} << 20;
 };
 
 struct SaveResult {
@@ -113,6 +128,7 @@ struct LoadOptions {
   // file system refuses O_DIRECT. Measurements: docs/DESIGN.md "Loads read around the page cache".
   enum class DirectIo { kAuto, kOff, kOn };
   DirectIo direct_io = DirectIo::kAuto;
+  MpiioHints mpiio_hints;  // as SaveOptions::mpiio_hints (e.g. cb_nodes, romio_cb_read)
 };
 
 // Collective. Verifies format version, checksums, and that state.model / state.optimizer.state refs match the

@@ -50,6 +50,8 @@ struct CheckpointerOptions {
   bool fsync = true;             // durable before `latest` moves (tests may turn it off)
   bool verify_replicas = false;  // every rank hashes every replicated tensor (SaveOptions::verify_replicas)
   WriteMode write_mode = WriteMode::kAuto;  // how tensor bytes reach the file (SaveOptions::write_mode)
+  MpiioHints mpiio_hints;                   // SaveOptions::mpiio_hints (loads: set load.mpiio_hints too)
+  uint64_t alignment = uint64_t{1} << 20;   // SaveOptions::alignment
   bool handle_signals = true;               // SIGUSR1/SIGTERM -> save, exit 75; SIGINT -> save, exit 130
   // A failed periodic save is reported on rank 0 and retried at the next trigger (the previous checkpoint
   // and `latest` stay as they were); false: it throws. Final and signal saves always throw.

@@ -190,7 +190,7 @@ bool fault_armed(const char* phase, int rank);
 
 // Opens a checkpoint for reading: collectively with MPI-IO over comm's communicator (comm != nullptr) or by this
 // process alone. Throws CheckpointError for a missing, non-HDF5, non-h5ddp or unsupported-version file.
-h5::Handle open_checkpoint(MpiComm* comm, const std::string& path);
+h5::Handle open_checkpoint(MpiComm* comm, const std::string& path, const MpiioHints& hints = {});
 // Test-only: how many files open_checkpoint has opened (H5Fopen) in this process so far; a test asserts that a
 // resume opens its checkpoint exactly once per rank.
 int checkpoint_opens();

@@ -520,7 +520,7 @@ void apply_small_state(TrainState& state, TrainState&& loaded, const CheckpointM
 void load_checkpoint(MpiComm& comm, const std::string& path, const LoadDestinations& destinations,
                      const LoadOptions& options) {
   ckpt::PhaseTimer timer;
-  h5::Handle f = ckpt::open_checkpoint(&comm, path);
+  h5::Handle f = ckpt::open_checkpoint(&comm, path, options.mpiio_hints);
   CheckpointManifest m;
   TrainState loaded;
   // Damage first (docs/FORMAT.md "Loading"): only a valid file can be another model.

@@ -126,13 +126,15 @@ int checkpoint_opens() {
   return g_checkpoint_opens.load();
 }
 
-h5::Handle open_checkpoint(MpiComm* comm, const std::string& path) {
+h5::Handle open_checkpoint(MpiComm* comm, const std::string& path, const MpiioHints& hints) {
   std::string error;
   if (!comm || comm->rank() == 0) error = check_openable(path);
   raise(comm, error);
   h5::Handle f;
   error = capture_error([&] {
-    h5::Handle fapl = comm ? h5::mpio_file_access(comm->handle()) : h5::serial_file_access();
+    h5::MpioOptions mpio;
+    mpio.hints = hints;
+    h5::Handle fapl = comm ? h5::mpio_file_access(comm->handle(), mpio) : h5::serial_file_access();
     h5::SilenceErrors quiet;
     ++g_checkpoint_opens;
     const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);

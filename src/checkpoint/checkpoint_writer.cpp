@@ -8,6 +8,7 @@
 #include <ctime>
 #include <filesystem>
 #include <memory>
+#include <stdexcept>
 
 #include "checkpoint/checkpoint_internal.hpp"
 #include "checkpoint/checkpoint_rules.hpp"
@@ -124,7 +125,16 @@ void write_root_attributes(hid_t f, const TrainState& state, int world) {
   h5::write_attr(f, format::kAttrStep, static_cast<int64_t>(state.counters.step));
 }
 
-void write_groups(hid_t f, const TrainState& state) {
+// The parallel file system settings of a save as /meta records them (FORMAT.md "Meta").
+constexpr const char* kMetaMpiioHints = "mpiio_hints";
+constexpr const char* kMetaAlignment = "h5_alignment";
+std::string joined_hints(const MpiioHints& hints) {
+  std::string out;
+  for (const auto& [k, v] : hints) out += (out.empty() ? "" : ";") + k + "=" + v;
+  return out;
+}
+
+void write_groups(hid_t f, const TrainState& state, const SaveOptions& options) {
   for (const char* g : {format::kModelGroup, format::kOptimizerGroup, format::kParamGroupsGroup,
                         format::kOptimizerStateGroup, format::kTrainGroup, format::kDataGroup, format::kRngGroup})
     h5::create_group(f, g);
@@ -141,7 +151,10 @@ void write_groups(hid_t f, const TrainState& state) {
   h5::write_attr(sched, format::kAttrSchedulerType, state.scheduler.type);
   for (const auto& [k, v] : state.scheduler.values) h5::write_attr(sched, k, v);
   h5::Handle meta = h5::create_group(f, format::kMetaGroup);
-  for (const auto& [k, v] : state.meta) h5::write_attr(meta, k, v);
+  for (const auto& [k, v] : state.meta)
+    if (k != kMetaMpiioHints && k != kMetaAlignment) h5::write_attr(meta, k, v);  // a loaded file's: replaced
+  h5::write_attr(meta, kMetaMpiioHints, joined_hints(options.mpiio_hints));
+  h5::write_attr(meta, kMetaAlignment, std::to_string(options.alignment));
 }
 
 h5::Handle create_dataset(hid_t f, const DatasetPlan& d) {
@@ -273,6 +286,10 @@ std::string state_problems(const SaveJob& job) {
 // check the run directory and the free space.
 void plan_save(SaveJob& job) {
   job.comm.require_same(job.state.counters.step, "checkpoint step");
+  // Different alignments would give ranks different layouts of one file (collective metadata must match).
+  job.comm.require_same(static_cast<int64_t>(std::hash<std::string>{}(joined_hints(job.options.mpiio_hints) + "|" +
+                                                                      std::to_string(job.options.alignment))),
+                        "MPI-IO hints and alignment (SaveOptions::mpiio_hints, alignment)");
   job.plan = ckpt::make_save_plan(job.comm, job.state);
   agree_on_plan(job.comm, job.plan);
 
@@ -305,11 +322,14 @@ void plan_save(SaveJob& job) {
 void create_partial(SaveJob& job) {
   job.comm.rethrow_first(ckpt::checkpoint_error_of([&] {
     with_context("creating " + job.partial_path, [&] {
-      h5::Handle fapl = h5::mpio_file_access(job.comm.handle());
+      h5::MpioOptions mpio;
+      mpio.alignment = mpio.alignment_threshold = job.options.alignment;
+      mpio.hints = job.options.mpiio_hints;
+      h5::Handle fapl = h5::mpio_file_access(job.comm.handle(), mpio);
       h5::SilenceErrors quiet;
       job.file = h5::file(H5Fcreate(job.partial_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
       write_root_attributes(job.file, job.state, job.world);
-      write_groups(job.file, job.state);
+      write_groups(job.file, job.state, job.options);
       for (const auto& d : job.plan.datasets) job.dsets.push_back(create_dataset(job.file, d));
     });
   }));
@@ -485,6 +505,13 @@ void commit(SaveJob& job) {
 }
 
 }  // namespace
+
+std::pair<std::string, std::string> parse_mpiio_hint(const std::string& text) {
+  const size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw std::invalid_argument("MPI-IO hint '" + text + "' is not key=value (e.g. striping_factor=16)");
+  return {text.substr(0, eq), text.substr(eq + 1)};
+}
 
 SaveResult save_checkpoint(MpiComm& comm, const TrainState& state, const std::string& run_dir,
                            const SaveOptions& options) {

@@ -161,12 +161,14 @@ Handle mpio_file_access(MPI_Comm comm, const MpioOptions& options) {
   MPI_Info_set(info, "romio_ds_write", "disable");
   MPI_Info_set(info, "romio_cb_write", "automatic");
   MPI_Info_set(info, "romio_cb_read", "automatic");
+  for (const auto& [k, v] : options.hints) MPI_Info_set(info, k.c_str(), v.c_str());
   herr_t rc = H5Pset_fapl_mpio(fapl, comm, info);
   MPI_Info_free(&info);
   H5DDP_CHECK_H5(rc);
   H5DDP_CHECK_H5(H5Pset_all_coll_metadata_ops(fapl, true));
   H5DDP_CHECK_H5(H5Pset_coll_metadata_write(fapl, true));
-  H5DDP_CHECK_H5(H5Pset_alignment(fapl, options.alignment_threshold, options.alignment));
+  if (options.alignment > 1)
+    H5DDP_CHECK_H5(H5Pset_alignment(fapl, options.alignment_threshold, options.alignment));
   H5DDP_CHECK_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_EARLIEST, H5F_LIBVER_V18));
   return fapl;
 }

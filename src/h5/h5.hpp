@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "h5ddp/dtype.hpp"
@@ -72,7 +73,9 @@ std::string innermost_error_text();
 // ---- property lists ----
 struct MpioOptions {
   hsize_t alignment = 1 << 20;  // objects >= alignment_threshold start on a multiple of this
-  hsize_t alignment_threshold = 1 << 20;
+  hsize_t alignment_threshold = 1 << 20;  // 0 (with alignment 0): no alignment
+  // MPI_Info hints set after h5ddp's own (so they override them).
+  std::vector<std::pair<std::string, std::string>> hints;
 };
 // Empty, or why HDF5 calls in this process do not all reach one library: Debian's LibTorch links the serial
 // HDF5, so a process with LibTorch holds two libraries defining the same symbols, and each call binds to

@@ -345,6 +345,8 @@ SaveResult Checkpointer::save() {
   o.keep_best_metric = options_.keep_best_metric;
   o.verify_replicas = options_.verify_replicas;
   o.write_mode = options_.write_mode;
+  o.mpiio_hints = options_.mpiio_hints;
+  o.alignment = options_.alignment;
   o.keep_files = impl_->keep_files;
   impl_->last_save_time = Clock::now();
   stats_ = SaveStats();

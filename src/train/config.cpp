@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
+#include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
 
 namespace po = boost::program_options;
@@ -197,6 +199,12 @@ po::options_description checkpoint_options(TrainConfig& c, Switches& sw) {
       "every-rank-reads | share-exchange: how a resume reads the checkpoint: every rank reads every byte, or "
       "each rank reads 1/N and the ranks exchange shares over MPI (fewer file-system reads: for a parallel "
       "file system shared by many nodes); either way every rank verifies every byte it keeps")(
+      "mpiio-hint", po::value(&c.mpiio_hints)->composing(),
+      "key=value (repeatable): an MPI_Info hint for opening checkpoints, over h5ddp's own, e.g. striping_factor=16 "
+      "striping_unit=4194304 cb_nodes=8 romio_cb_write=enable (docs/SCALING.md); recorded in /meta mpiio_hints")(
+      "h5-alignment", po::value(&c.h5_alignment)->default_value(c.h5_alignment),
+      "checkpoint datasets of at least B bytes start on a multiple of B (H5Pset_alignment): set the file "
+      "system's stripe size; 0 = no alignment; recorded in /meta h5_alignment")(
       "no-final-checkpoint", po::bool_switch(&sw.no_final), "do not save when training ends")(
       "keep-best", po::bool_switch(&c.keep_best),
       "keep the checkpoint with the best test accuracy (needs --eval-every-steps or --eval-every-epoch; saved "
@@ -242,6 +250,13 @@ void validate_run(TrainConfig& c, const Switches& sw) {
           "must be stop | continue");
   require(c.checkpoint_write == "auto" || c.checkpoint_write == "direct" || c.checkpoint_write == "mpiio",
           "checkpoint-write", c.checkpoint_write, "must be auto | direct | mpiio");
+  for (const auto& h : c.mpiio_hints) {
+    try {
+      parse_mpiio_hint(h);
+    } catch (const std::invalid_argument&) {
+      require(false, "mpiio-hint", h, "must be key=value (e.g. striping_factor=16)");
+    }
+  }
   require(c.load_strategy == "every-rank-reads" || c.load_strategy == "share-exchange", "load-strategy",
           c.load_strategy, "must be every-rank-reads | share-exchange");
   if (sw.watchdog != "auto") {

@@ -45,6 +45,8 @@ struct TrainConfig {
   bool verify_replicas = false;                    // every rank hashes every tensor on save and all hashes must agree
   std::string checkpoint_write = "auto";           // auto | direct | mpiio (WriteMode)
   std::string load_strategy = "every-rank-reads";  // every-rank-reads | share-exchange (LoadStrategy)
+  std::vector<std::string> mpiio_hints;            // key=value, repeatable (SaveOptions::mpiio_hints)
+  uint64_t h5_alignment = uint64_t{1} << 20;       // SaveOptions::alignment
   bool async_checkpoint = false;                   // write checkpoints on a background thread (blocks only for a copy)
   std::string on_save_error = "stop";              // stop | continue: a failed periodic save ends training, or is
                                                    // reported and retried at the next trigger (final saves always stop)

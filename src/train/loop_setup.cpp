@@ -24,6 +24,9 @@ CheckpointerOptions checkpointer_options(const TrainConfig& c) {
   o.write_mode = c.checkpoint_write == "direct"  ? WriteMode::kDirect
                  : c.checkpoint_write == "mpiio" ? WriteMode::kMpiio
                                                  : WriteMode::kAuto;
+  for (const auto& h : c.mpiio_hints) o.mpiio_hints.push_back(parse_mpiio_hint(h));
+  o.alignment = c.h5_alignment;
+  o.load.mpiio_hints = o.mpiio_hints;
   o.load.strategy = c.load_strategy == "share-exchange" ? LoadStrategy::kShareExchange : LoadStrategy::kEveryRankReads;
   o.continue_on_save_error = c.on_save_error == "continue";
   return o;  // shard_optimizer: set by the Checkpointer from the ShardedOptimizer

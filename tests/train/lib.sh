@@ -7,8 +7,8 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 MPIRUN=(mpirun --oversubscribe)
 [ "$(id -u)" -eq 0 ] && MPIRUN+=(--allow-run-as-root)
 export OMP_NUM_THREADS=1 HDF5_USE_FILE_LOCKING=FALSE
-# Small, fast runs: tiny global batch, no evaluation, no fsync (the tests do not pull the power plug).
-COMMON=(--batch-size 16 --no-eval --no-fsync --keep-last 0 --log-every 1)
+# Small, fast runs: tiny global batch (BATCH_SIZE, set before sourcing, changes it), no evaluation, no fsync (the tests do not pull the power plug).
+COMMON=(--batch-size "${BATCH_SIZE:-16}" --no-eval --no-fsync --keep-last 0 --log-every 1)
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/h5ddp-train-test-XXXXXX")"
 JOB_PID=""
@@ -25,7 +25,7 @@ run_train() {
   local np=$1 log=$2
   shift 2
   local rc=0
-  timeout -k 5 120 "${MPIRUN[@]}" -np "$np" "$TRAIN" "${COMMON[@]}" "$@" >"$log" 2>&1 || rc=$?
+  timeout -k 5 "${RUN_TIMEOUT:-120}" "${MPIRUN[@]}" -np "$np" "$TRAIN" "${COMMON[@]}" "$@" >"$log" 2>&1 || rc=$?
   return $rc
 }
 

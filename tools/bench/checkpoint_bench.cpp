@@ -12,6 +12,9 @@
 //                                       K]
 //                                       [--verify 0|1]
 //                                       [--settle SECONDS] [--order N]
+//                                       [--alignment BYTES] [--mpiio-hint key=value]...
+// Every RESULT line also carries what the operation asked of MPI, the most any rank did (tools/bench/mpi_counters.c):
+// collectives entered, bytes contributed to them, point-to-point messages and bytes, MPI-IO calls.
 //
 // Times are wall clock between barriers (the slowest rank). Before every load the file is fdatasync'ed and
 // evicted from the page cache (posix_fadvise DONTNEED), so loads read the disk. Extra memory is the rise of
@@ -29,6 +32,7 @@
 #include <functional>
 #include <thread>
 
+#include "mpi_counters.h"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/mpi_comm.hpp"
@@ -54,6 +58,8 @@ struct Options {
   int reps = 1;
   int order = 0;       // added to the repetition number where methods take turns (the driver's repetition)
   bool verify = true;  // load_checkpoint's checksum verification (on by default, as in the trainer)
+  uint64_t alignment = uint64_t{1} << 20;  // SaveOptions::alignment (--alignment; the default's measurement)
+  MpiioHints hints;                        // --mpiio-hint key=value (repeatable)
   bool has(const char* m) const { return methods.find(m) != std::string::npos; }
 };
 
@@ -162,6 +168,7 @@ class Bench {
         LoadOptions lo;
         lo.strategy = strategy;
         lo.verify_checksums = o_.verify;
+        lo.mpiio_hints = o_.hints;
         measure("load", name, [&] { load_checkpoint(comm_, h5, state_, lo); });
         check(name);
       }
@@ -186,6 +193,8 @@ class Bench {
     so.write_mode = mode;
     so.fsync = o_.fsync;
     so.name = "bench.h5";
+    so.alignment = o_.alignment;
+    so.mpiio_hints = o_.hints;
     save_checkpoint(comm_, state_, o_.dir, so);
   }
   void remove_h5ddp(const std::string& h5) {
@@ -218,18 +227,28 @@ class Bench {
     comm_.barrier();
     reset_peak_rss();
     const long base = status_kib("VmRSS:");
+    mpi_counters before{}, after{};
+    mpi_counters_read(&before);
     const auto t0 = std::chrono::steady_clock::now();
     f();
+    mpi_counters_read(&after);
     comm_.barrier();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     int64_t extra = status_kib("VmHWM:") - base;
     comm_.allreduce(&extra, 1, DType::kI64, ReduceOp::kMax);
+    // What this operation asked of MPI, the most any rank did (tools/bench/mpi_counters.c).
+    uint64_t counts[] = {after.collectives - before.collectives, after.collective_bytes - before.collective_bytes,
+                         after.p2p_messages - before.p2p_messages, after.p2p_bytes - before.p2p_bytes,
+                         after.file_calls - before.file_calls};
+    comm_.allreduce(counts, 5, DType::kU64, ReduceOp::kMax);
     if (comm_.rank() == 0)
       std::printf(
           "RESULT gib=%.2f ranks=%d fsync=%d op=%s method=%s seconds=%.3f gbps=%.3f extra_rss_mib=%.1f "
-          "extra_rss_pct=%.1f\n",
+          "extra_rss_pct=%.1f tensors=%d collectives=%llu coll_bytes=%llu p2p=%llu p2p_bytes=%llu file_calls=%llu\n",
           bytes_ / double(1ull << 30), comm_.size(), o_.fsync ? 1 : 0, op, method, s, bytes_ / s / 1e9, extra / 1024.0,
-          100.0 * extra * 1024.0 / bytes_);
+          100.0 * extra * 1024.0 / bytes_, o_.tensors, static_cast<unsigned long long>(counts[0]),
+          static_cast<unsigned long long>(counts[1]), static_cast<unsigned long long>(counts[2]),
+          static_cast<unsigned long long>(counts[3]), static_cast<unsigned long long>(counts[4]));
     std::fflush(stdout);
   }
 
@@ -342,6 +361,10 @@ Options parse(int argc, char** argv) {
       o.reps = std::max(1, std::stoi(v));
     else if (k == "--tensors")
       o.tensors = std::max(3, std::stoi(v) / 3 * 3);
+    else if (k == "--alignment")
+      o.alignment = std::stoull(v);
+    else if (k == "--mpiio-hint")
+      o.hints.push_back(parse_mpiio_hint(v));
     else
       throw ConfigError("unknown option " + k);
   }
