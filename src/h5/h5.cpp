@@ -167,8 +167,18 @@ Handle mpio_file_access(MPI_Comm comm, const MpioOptions& options) {
   H5DDP_CHECK_H5(rc);
   H5DDP_CHECK_H5(H5Pset_all_coll_metadata_ops(fapl, true));
   H5DDP_CHECK_H5(H5Pset_coll_metadata_write(fapl, true));
-  if (options.alignment > 1)
-    H5DDP_CHECK_H5(H5Pset_alignment(fapl, options.alignment_threshold, options.alignment));
+  // Dirty metadata is written (collectively) only at sync points, which parallel HDF5 holds whenever this much
+  // of it has accumulated (default 256 KiB); entries written there may be evicted, and touching one again (the
+  // checksum attribute a save adds to every dataset after the writes) re-reads it on rank 0 and broadcasts it:
+  // one collective per dataset, 3,851 of them for a save of 3,000 tensors at any rank count (issue 42,
+  // docs/SCALING.md). With 32 MiB the object headers of ~30,000 datasets stay in the cache until the close
+  // writes them in one collective pass.
+  H5AC_cache_config_t cache{};
+  cache.version = H5AC__CURR_CACHE_CONFIG_VERSION;
+  H5DDP_CHECK_H5(H5Pget_mdc_config(fapl, &cache));
+  cache.dirty_bytes_threshold = 32 << 20;
+  H5DDP_CHECK_H5(H5Pset_mdc_config(fapl, &cache));
+  if (options.alignment > 1) H5DDP_CHECK_H5(H5Pset_alignment(fapl, options.alignment_threshold, options.alignment));
   H5DDP_CHECK_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_EARLIEST, H5F_LIBVER_V18));
   return fapl;
 }

@@ -72,7 +72,7 @@ std::string innermost_error_text();
 
 // ---- property lists ----
 struct MpioOptions {
-  hsize_t alignment = 1 << 20;  // objects >= alignment_threshold start on a multiple of this
+  hsize_t alignment = 1 << 20;            // objects >= alignment_threshold start on a multiple of this
   hsize_t alignment_threshold = 1 << 20;  // 0 (with alignment 0): no alignment
   // MPI_Info hints set after h5ddp's own (so they override them).
   std::vector<std::pair<std::string, std::string>> hints;

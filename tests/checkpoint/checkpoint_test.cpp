@@ -109,7 +109,10 @@ TEST_P(SaveLoad, RoundTripsBitExactly) {
       EXPECT_EQ(dst.state.data.global_batch, expected.state.data.global_batch);
       EXPECT_EQ(dst.state.scheduler.type, "step");
       EXPECT_EQ(dst.state.scheduler.values, expected.state.scheduler.values);
-      EXPECT_EQ(dst.state.meta, expected.state.meta);
+      auto meta = expected.state.meta;  // and the writer's record of its file system settings (defaults)
+      meta["mpiio_hints"] = "";
+      meta["h5_alignment"] = "1048576";
+      EXPECT_EQ(dst.state.meta, meta);
       EXPECT_EQ(dst.state.optimizer.type, "adam");
       ASSERT_EQ(dst.state.optimizer.groups.size(), 2u);
       EXPECT_EQ(dst.state.optimizer.groups[0].params, expected.state.optimizer.groups[0].params);
@@ -147,6 +150,62 @@ TEST(Checkpoint, DisagreeingStepFailsEverywhereAndWritesNothing) {
   }
   world.barrier();
   EXPECT_EQ(files_in(dir), std::vector<std::string>{});
+}
+
+// Issue 42: MPI-IO hints and the HDF5 alignment are applied, recorded in /meta and agreed between ranks.
+TEST(Checkpoint, FileSystemSettingsAreRecordedAppliedAndAgreed) {
+  auto& world = test::world();
+  const std::string dir = test::scratch_dir("fs-settings");
+  for (uint64_t alignment : {uint64_t{0}, uint64_t{65536}}) {
+    OwnedState s(3, world.rank());
+    s.state.meta["h5_alignment"] = "stale";  // a loaded file's record: replaced, not kept
+    SaveOptions o;
+    o.mpiio_hints = {parse_mpiio_hint("cb_nodes=1"), parse_mpiio_hint("striping_unit=65536")};
+    o.alignment = alignment;
+    o.name = "a" + std::to_string(alignment);
+    const std::string path = save_checkpoint(world, s.state, dir, o).path;
+    OwnedState dst(3, world.rank(), /*filled=*/false);
+    LoadOptions lo;
+    lo.mpiio_hints = o.mpiio_hints;
+    load_checkpoint(world, path, dst.state, lo);
+    OwnedState expected(3, world.rank());
+    EXPECT_EQ(test::differing_tensors(dst.state, expected.state), std::vector<std::string>{});
+    EXPECT_EQ(dst.state.meta["mpiio_hints"], "cb_nodes=1;striping_unit=65536");
+    EXPECT_EQ(dst.state.meta["h5_alignment"], std::to_string(alignment));
+    // Every dataset of at least 64 KiB starts on a multiple of it when aligned; with alignment 0, HDF5 packs them
+    // (some large dataset then starts off a 64 KiB boundary).
+    h5::Handle f = ckpt::open_checkpoint(nullptr, path);
+    int off_boundary = 0, large = 0;
+    for (const auto& t : test::model_specs()) {
+      h5::Handle ds = h5::dataset(H5Dopen2(f, ("/model/" + t.name).c_str(), H5P_DEFAULT));
+      const hsize_t size = H5Dget_storage_size(ds);
+      if (size < 65536) continue;
+      ++large;
+      if (H5Dget_offset(ds) % 65536 != 0) ++off_boundary;
+    }
+    ASSERT_GT(large, 0);
+    if (alignment != 0) {
+      EXPECT_EQ(off_boundary, 0);
+    }
+  }
+  // Ranks that disagree would lay out one file two ways: an agreed error, nothing written.
+  if (world.size() >= 2) {
+    const std::string other = test::scratch_dir("fs-settings-disagree");
+    OwnedState s(3, world.rank());
+    SaveOptions o;
+    o.alignment = world.rank() == 1 ? 4096 : 1 << 20;
+    try {
+      save_checkpoint(world, s.state, other, o);
+      ADD_FAILURE() << "no error";
+    } catch (const DisagreementError& e) {
+      EXPECT_TRUE(contains(e.what(), "alignment")) << e.what();
+    }
+    world.barrier();
+    EXPECT_EQ(files_in(other), std::vector<std::string>{});
+  }
+  EXPECT_THROW(parse_mpiio_hint("striping_factor"), std::invalid_argument);
+  EXPECT_THROW(parse_mpiio_hint("=4"), std::invalid_argument);
+  EXPECT_EQ(parse_mpiio_hint("romio_cb_write=enable").second, "enable");
 }
 
 // A writer writes only valid files (docs/FORMAT.md "Rules between fields"): a state that would break a rule is

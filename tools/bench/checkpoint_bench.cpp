@@ -32,11 +32,11 @@
 #include <functional>
 #include <thread>
 
-#include "mpi_counters.h"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/mpi_env.hpp"
+#include "mpi_counters.h"
 
 namespace {
 

@@ -7,6 +7,7 @@
 #          eviction and each h5ddp/raw load), PY=/usr/bin/python3, H5DDP_BENCH_ENV (extra env for h5ddp, e.g. a
 #          setting under test), VARIANTS="" (space-separated LABEL:VAR=VALUE: h5ddp runs again in every repetition
 #          with that environment, its methods tagged @LABEL, e.g. VARIANTS="nobounce:H5DDP_LOAD_BOUNCE=0"),
+#          TENSORS=48 (tensor count of the state, both programs: the many-tensor table of issue 42),
 #          METHODS=h5ddp,raw,raw_direct,mpiio (h5ddp-bench-checkpoint --methods; mpiio: h5ddp's save again with
 #          --checkpoint-write mpiio, its own table)
 # Each repetition runs h5ddp-bench-checkpoint (h5ddp, raw MPI-IO, raw O_DIRECT) and tools/bench/torch_ckpt_peer.py
@@ -30,11 +31,12 @@ mpi=(mpirun --allow-run-as-root --oversubscribe)
 h5() {
   rm -rf "$scratch"
   env ${H5DDP_BENCH_ENV:-} "${mpi[@]}" -np "$np" "$bench" --gib "$gib" --dir "$scratch" --fsync "$fsync" \
-    --reps 1 --order "$rep" --settle "$settle" --methods "${METHODS:-h5ddp,raw,raw_direct,mpiio}"
+    --reps 1 --order "$rep" --settle "$settle" --tensors "${TENSORS:-48}" --methods "${METHODS:-h5ddp,raw,raw_direct,mpiio}"
 }
 peer() {
   rm -rf "$scratch"
-  "${mpi[@]}" -np "$np" "$py" "$here/torch_ckpt_peer.py" --gib "$gib" --dir "$scratch" --fsync "$fsync"
+  "${mpi[@]}" -np "$np" "$py" "$here/torch_ckpt_peer.py" --gib "$gib" --dir "$scratch" --fsync "$fsync" \
+    --tensors "${TENSORS:-48}"
 }
 # h5 once per entry of VARIANTS, with its environment, methods tagged @LABEL.
 variants() {

@@ -10,7 +10,9 @@
 
 static struct mpi_counters g_counts;
 
-void mpi_counters_read(struct mpi_counters* out) { *out = g_counts; }
+void mpi_counters_read(struct mpi_counters* out) {
+  *out = g_counts;
+}
 
 static uint64_t bytes_of(int count, MPI_Datatype type) {
   int size = 0;
@@ -46,8 +48,8 @@ int MPI_Allgather(const void* s, int sc, MPI_Datatype st, void* r, int rc, MPI_D
   coll(bytes_of(sc, st));
   return PMPI_Allgather(s, sc, st, r, rc, rt, comm);
 }
-int MPI_Allgatherv(const void* s, int sc, MPI_Datatype st, void* r, const int rc[], const int displs[],
-                   MPI_Datatype rt, MPI_Comm comm) {
+int MPI_Allgatherv(const void* s, int sc, MPI_Datatype st, void* r, const int rc[], const int displs[], MPI_Datatype rt,
+                   MPI_Comm comm) {
   coll(bytes_of(sc, st));
   return PMPI_Allgatherv(s, sc, st, r, rc, displs, rt, comm);
 }
@@ -141,8 +143,7 @@ int MPI_File_read_at_all(MPI_File fh, MPI_Offset off, void* buf, int count, MPI_
   g_counts.file_bytes += bytes_of(count, type);
   return PMPI_File_read_at_all(fh, off, buf, count, type, st);
 }
-int MPI_File_write_at_all(MPI_File fh, MPI_Offset off, const void* buf, int count, MPI_Datatype type,
-                          MPI_Status* st) {
+int MPI_File_write_at_all(MPI_File fh, MPI_Offset off, const void* buf, int count, MPI_Datatype type, MPI_Status* st) {
   coll(0);
   ++g_counts.file_calls;
   g_counts.file_bytes += bytes_of(count, type);
@@ -160,8 +161,7 @@ int MPI_File_read_all(MPI_File fh, void* buf, int count, MPI_Datatype type, MPI_
   g_counts.file_bytes += bytes_of(count, type);
   return PMPI_File_read_all(fh, buf, count, type, st);
 }
-int MPI_File_set_view(MPI_File fh, MPI_Offset disp, MPI_Datatype et, MPI_Datatype ft, const char* rep,
-                      MPI_Info info) {
+int MPI_File_set_view(MPI_File fh, MPI_Offset disp, MPI_Datatype et, MPI_Datatype ft, const char* rep, MPI_Info info) {
   coll(0);
   ++g_counts.file_calls;
   return PMPI_File_set_view(fh, disp, et, ft, rep, info);

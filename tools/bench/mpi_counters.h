@@ -12,8 +12,8 @@ struct mpi_counters {
   uint64_t collective_bytes;  // bytes this rank contributed to them (send side)
   uint64_t p2p_messages;      // point-to-point sends
   uint64_t p2p_bytes;
-  uint64_t file_calls;        // MPI-IO calls (HDF5's metadata reads and writes go through these)
-  uint64_t file_bytes;        // bytes read or written by those calls
+  uint64_t file_calls;  // MPI-IO calls (HDF5's metadata reads and writes go through these)
+  uint64_t file_bytes;  // bytes read or written by those calls
 };
 // This process's counts since it started.
 void mpi_counters_read(struct mpi_counters* out);
