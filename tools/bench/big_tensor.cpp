@@ -49,8 +49,12 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-float weight_at(size_t i) { return static_cast<float>(i % 1000003); }
-float momentum_at(size_t i) { return -static_cast<float>(i % 999983); }
+float weight_at(size_t i) {
+  return static_cast<float>(i % 1000003);
+}
+float momentum_at(size_t i) {
+  return -static_cast<float>(i % 999983);
+}
 
 struct Big {
   Big(const Options& o, int rank, int world, bool fill) {
