@@ -16,8 +16,12 @@ cd "$(dirname "$0")/.." || exit 2
 
 usage() {
   cat <<'EOF'
-Usage: tools/gpu-check.sh [--preflight-only] [--build-dir DIR] [--jobs N] [--skip-build] [-h]
+Usage: tools/gpu-check.sh [--bundle DIR] [--preflight-only] [--build-dir DIR] [--jobs N] [--skip-build] [-h]
 Checks, builds (-DH5DDP_WITH_CUDA=ON) and runs `ctest -L gpu` on a machine with NVIDIA GPUs.
+  --bundle DIR       a bare machine: take Open MPI, parallel HDF5, Boost, fmt, GoogleTest and Fashion-MNIST from
+                     the Debian packages in DIR (tools/gpu-bundle.sh), unpacked into $TMPDIR/h5ddp-bundle (never
+                     into /); the machine's own copies of libraries it already has win
+  --out DIR          also write the summary line and the logs there (default: $OUT when set)
   --preflight-only   only check that everything needed is there (exit 0 if so, 3 if not)
   --build-dir DIR    build directory (default: $H5DDP_GPU_BUILD_DIR or build-gpu)
   --jobs N           parallel build jobs (default: nproc)
@@ -35,8 +39,12 @@ build_dir=${H5DDP_GPU_BUILD_DIR:-build-gpu}
 jobs=$(nproc 2>/dev/null || echo 2)
 preflight_only=0
 skip_build=0
+bundle=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    --bundle) [ $# -ge 2 ] || { echo "gpu-check: --bundle needs a directory" >&2; exit 2; }; bundle=$2; shift ;;
+    --bundle=*) bundle=${1#*=} ;;
+    --out) [ $# -ge 2 ] || { echo "gpu-check: --out needs a directory" >&2; exit 2; }; out_dir=$2; shift ;;
     --preflight-only) preflight_only=1 ;;
     --build-dir)
       [ $# -ge 2 ] || { echo "gpu-check: --build-dir needs a directory" >&2; exit 2; }
@@ -55,6 +63,19 @@ done
 case "$jobs" in '' | *[!0-9]* | 0) echo "gpu-check: --jobs needs a positive number, got '$jobs'" >&2; exit 2 ;; esac
 
 missing=()
+# The last line, also into $OUT/gpu-check-summary.txt with the logs beside it when OUT (or --out) names a folder:
+# on a lent GPU machine, what comes back.
+out_dir=${out_dir:-${OUT:-}}
+finish() {
+  local code=$1
+  shift
+  echo "$*"
+  if [ -n "$out_dir" ]; then
+    mkdir -p "$out_dir" && echo "$*" >"$out_dir/gpu-check-summary.txt"
+    for f in "$build_dir"/gpu-check-*.log; do [ -f "$f" ] && cp "$f" "$out_dir/"; done
+  fi
+  exit "$code"
+}
 # Messages: the arguments joined by spaces (long ones are split over several lines).
 ok() { echo "gpu-check:   ok       $*"; }
 note() { echo "gpu-check:   note     $*"; }
@@ -67,6 +88,17 @@ multiarch=$(gcc -print-multiarch 2>/dev/null || true)
 [ -n "$multiarch" ] || multiarch="$(uname -m)-linux-gnu"
 inc_dirs=(/usr/include /usr/local/include "/usr/include/$multiarch")
 lib_dirs=("/usr/lib/$multiarch" "/lib/$multiarch" /usr/lib64 /usr/lib /usr/local/lib /usr/local/lib64)
+H5DDP_BUNDLE_CMAKE_ARGS=()
+if [ -n "$bundle" ]; then
+  # shellcheck source=bundle-env.sh
+  H5DDP_BUNDLE_SYSTEM_WINS=1 . tools/bundle-env.sh "$bundle" "${TMPDIR:-/tmp}/h5ddp-bundle" ||
+    { echo "gpu-check: CANNOT RUN: the bundle $bundle could not be unpacked (see above)"; exit 3; }
+  inc_dirs=("$H5DDP_BUNDLE_PREFIX/usr/include" "${inc_dirs[@]}")
+  lib_dirs=("$H5DDP_BUNDLE_PREFIX/usr/lib/$multiarch" "${lib_dirs[@]}")
+  [ -d "$H5DDP_BUNDLE_PREFIX/usr/share/datasets/fashion-mnist" ] &&
+    export H5DDP_FASHION_MNIST=$H5DDP_BUNDLE_PREFIX/usr/share/datasets/fashion-mnist
+fi
+test_python=/usr/bin/python3
 # first_file NAME DIR...: the first DIR/NAME that exists.
 first_file() {
   local name=$1 d
@@ -211,8 +243,8 @@ command -v mpicxx >/dev/null 2>&1 && ok "mpicxx: $(command -v mpicxx)" ||
   miss "mpicxx: not found (apt-get install libopenmpi-dev)"
 if command -v h5pcc >/dev/null 2>&1 && h5pcc -showconfig 2>/dev/null | grep -qE 'Parallel HDF5: *yes'; then
   ok "parallel HDF5 (h5pcc -showconfig: Parallel HDF5: yes)"
-elif [ -f /usr/include/hdf5/openmpi/hdf5.h ]; then
-  ok "parallel HDF5 (/usr/include/hdf5/openmpi/hdf5.h)"
+elif h5h=$(first_file hdf5/openmpi/hdf5.h "${inc_dirs[@]}"); then
+  ok "parallel HDF5 ($h5h)"
 else
   miss "parallel HDF5: no h5pcc reporting 'Parallel HDF5: yes', no /usr/include/hdf5/openmpi/hdf5.h (apt-get install" \
        "libhdf5-openmpi-dev)"
@@ -353,13 +385,16 @@ dev_check "xxHash headers" "apt-get install libxxhash-dev" xxhash.h
 dev_check "GoogleTest" "apt-get install libgtest-dev" gtest/gtest.h libgtest.a
 
 # ---- 7. what the gpu tests use at run time ----------------------------------------------------------------
-if /usr/bin/python3 -c 'import numpy, h5py, torch' >/dev/null 2>&1; then
-  ok "/usr/bin/python3 with numpy, h5py, torch (the test drivers; torch.load of an exported checkpoint)"
+for py in /usr/bin/python3 "$(command -v python3 2>/dev/null)"; do
+  [ -n "$py" ] && "$py" -c 'import numpy, h5py, torch' >/dev/null 2>&1 && { test_python=$py; break; }
+done
+if "$test_python" -c 'import numpy, h5py, torch' >/dev/null 2>&1; then
+  ok "$test_python with numpy, h5py, torch (the test drivers; torch.load of an exported checkpoint)"
 else
   miss "/usr/bin/python3 with numpy, h5py and torch (the gpu tests run under it: apt-get install python3-numpy" \
        "python3-h5py python3-torch)"
 fi
-fm=/usr/share/datasets/fashion-mnist
+fm=${H5DDP_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 if [ -f "$fm/train-images-idx3-ubyte.gz" ] && [ -f "$fm/train-labels-idx1-ubyte.gz" ] &&
   [ -f "$fm/t10k-images-idx3-ubyte.gz" ] && [ -f "$fm/t10k-labels-idx1-ubyte.gz" ]; then
   ok "Fashion-MNIST in $fm"
@@ -375,8 +410,7 @@ where="${gpus}x ${gpu_name:-GPU}"
 if [ ${#missing[@]} -gt 0 ]; then
   line=""
   for m in "${missing[@]}"; do line="${line:+$line; }missing $m"; done
-  echo "gpu-check: CANNOT RUN: $line"
-  exit 3
+  finish 3 "gpu-check: CANNOT RUN: $line"
 fi
 if [ "$preflight_only" -eq 1 ]; then
   echo "gpu-check: PREFLIGHT OK on $where ($facts): run tools/gpu-check.sh without --preflight-only to build and test"
@@ -387,26 +421,25 @@ fi
 mkdir -p "$build_dir" || { echo "gpu-check: FAIL: cannot create $build_dir"; exit 1; }
 if [ "$skip_build" -eq 0 ]; then
   cmake_args=(-S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DH5DDP_WITH_CUDA=ON "-DTorch_DIR=$torch_dir"
-    -DH5DDP_BUILD_BENCHMARKS=OFF "-DCUDAToolkit_ROOT=$cuda_root")
+    -DH5DDP_BUILD_BENCHMARKS=OFF "-DCUDAToolkit_ROOT=$cuda_root" "-DH5DDP_TEST_PYTHON=$test_python"
+    "${H5DDP_BUNDLE_CMAKE_ARGS[@]}")
   [ -z "$nccl_root_arg" ] || cmake_args+=("-DNCCL_ROOT=$nccl_root_arg")
   echo "gpu-check: configure: cmake ${cmake_args[*]}"
   if ! cmake "${cmake_args[@]}" >"$build_dir/gpu-check-configure.log" 2>&1; then
     tail -n 40 "$build_dir/gpu-check-configure.log"
-    echo "gpu-check: FAIL: cmake configure failed on $where ($facts); log: $build_dir/gpu-check-configure.log"
-    exit 1
+    finish 1 "gpu-check: FAIL: cmake configure failed on $where ($facts); log: $build_dir/gpu-check-configure.log"
   fi
   echo "gpu-check: build: cmake --build $build_dir -j$jobs (log: $build_dir/gpu-check-build.log)"
   t0=$SECONDS
   if ! cmake --build "$build_dir" -j"$jobs" >"$build_dir/gpu-check-build.log" 2>&1; then
     grep -E 'error|Error' "$build_dir/gpu-check-build.log" | head -n 30
     tail -n 20 "$build_dir/gpu-check-build.log"
-    echo "gpu-check: FAIL: build failed on $where ($facts); log: $build_dir/gpu-check-build.log"
-    exit 1
+    finish 1 "gpu-check: FAIL: build failed on $where ($facts); log: $build_dir/gpu-check-build.log"
   fi
   echo "gpu-check: built in $((SECONDS - t0)) s"
+  facts="$facts, built in $((SECONDS - t0)) s with -j$jobs"
 elif [ ! -f "$build_dir/CTestTestfile.cmake" ]; then
-  echo "gpu-check: FAIL: --skip-build, but $build_dir is not a configured build directory"
-  exit 1
+  finish 1 "gpu-check: FAIL: --skip-build, but $build_dir is not a configured build directory"
 fi
 
 # ---- c. ctest -L gpu ---------------------------------------------------------------------------------------
@@ -442,18 +475,14 @@ done <<<"$results"
 skipped+=("${too_big[@]}")
 total=$((${#passed[@]} + ${#failed[@]} + ${#skipped[@]}))
 if [ "$total" -eq 0 ]; then
-  echo "gpu-check: FAIL: no gpu-labelled test found in $build_dir (configured without -DH5DDP_WITH_CUDA=ON?)"
-  exit 1
+  finish 1 "gpu-check: FAIL: no gpu-labelled test found in $build_dir (configured without -DH5DDP_WITH_CUDA=ON?)"
 fi
 if [ ${#failed[@]} -gt 0 ]; then
-  echo "gpu-check: FAIL ${#failed[@]}/$total failed (${failed[*]}), ${#passed[@]} passed, ${#skipped[@]} skipped" \
+  finish 1 "gpu-check: FAIL ${#failed[@]}/$total failed (${failed[*]}), ${#passed[@]} passed, ${#skipped[@]} skipped" \
     "on $where ($facts); log: $ctest_log"
-  exit 1
 fi
 if [ ${#skipped[@]} -gt 0 ]; then
-  echo "gpu-check: INCOMPLETE: ${#passed[@]}/$total passed, ${#skipped[@]} skipped (${skipped[*]};" \
+  finish 3 "gpu-check: INCOMPLETE: ${#passed[@]}/$total passed, ${#skipped[@]} skipped (${skipped[*]};" \
     "a test at N ranks needs N GPUs) on $where ($facts)"
-  exit 3
 fi
-echo "gpu-check: PASS ${#passed[@]}/$total on $where ($facts)"
-exit 0
+finish 0 "gpu-check: PASS ${#passed[@]}/$total on $where ($facts)"

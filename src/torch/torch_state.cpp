@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <mutex>
+#include <sstream>
+#include <type_traits>
+#include <utility>
 
 #include "h5ddp/ddp.hpp"
 #include "h5ddp/error.hpp"
@@ -53,9 +56,24 @@ const std::vector<std::string>& tensor_state_keys(const std::string& type) {
   return type == "sgd" ? sgd : adam;
 }
 
-// LibTorch keys optimizer state by the parameter's TensorImpl address.
-std::string state_key(const torch::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
+// LibTorch keys optimizer state by the parameter's TensorImpl address: as a string of it up to 2.1 (what
+// c10::guts::to_string made of the pointer), as the pointer itself since (pytorch#108480, which also removed
+// c10::guts::to_string). The key type is read off Optimizer::state(), so both compile (issue 43's audit).
+using OptStateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+
+template <class Key>
+Key make_state_key(c10::TensorImpl* impl) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;
+    s << static_cast<const void*>(impl);
+    return s.str();
+  } else {
+    return impl;
+  }
+}
+
+OptStateKey state_key(const torch::Tensor& p) {
+  return make_state_key<OptStateKey>(p.unsafeGetTensorImpl());
 }
 
 torch::Tensor* adam_tensor(torch::optim::OptimizerParamState& s, const std::string& type, const std::string& key) {

@@ -1,6 +1,7 @@
 #include "train/batch.hpp"
 
 #include <ATen/autocast_mode.h>
+#include <torch/version.h>
 
 #include <sstream>
 
@@ -42,8 +43,22 @@ torch::Tensor batch_loss(const SampleSpec& spec, const torch::Tensor& out, const
   return torch::mse_loss(out.reshape(y.sizes()), y);
 }
 
+// LibTorch 2.4 (pytorch#124359) replaced the per-device autocast calls (is_enabled, set_cpu_enabled,
+// get_autocast_gpu_dtype, ...) by ones taking the device type, deprecated the old ones (a warning on every call)
+// and later removed them; 1.13 has only the old ones (issue 43's audit).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define H5DDP_AUTOCAST_BY_DEVICE_TYPE 1
+#endif
+
 AutocastScope::AutocastScope(const Compute& compute) : on_(compute.bf16), cuda_(compute.device.is_cuda()) {
   if (!on_) return;
+#ifdef H5DDP_AUTOCAST_BY_DEVICE_TYPE
+  const at::DeviceType device = cuda_ ? at::kCUDA : at::kCPU;
+  was_enabled_ = at::autocast::is_autocast_enabled(device);
+  was_dtype_ = at::autocast::get_autocast_dtype(device);
+  at::autocast::set_autocast_dtype(device, at::kBFloat16);
+  at::autocast::set_autocast_enabled(device, true);
+#else
   if (cuda_) {
     was_enabled_ = at::autocast::is_enabled();
     was_dtype_ = at::autocast::get_autocast_gpu_dtype();
@@ -55,12 +70,18 @@ AutocastScope::AutocastScope(const Compute& compute) : on_(compute.bf16), cuda_(
     at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
     at::autocast::set_cpu_enabled(true);
   }
+#endif
   at::autocast::increment_nesting();
 }
 
 AutocastScope::~AutocastScope() {
   if (!on_) return;
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();  // casts of the weights go
+#ifdef H5DDP_AUTOCAST_BY_DEVICE_TYPE
+  const at::DeviceType device = cuda_ ? at::kCUDA : at::kCPU;
+  at::autocast::set_autocast_enabled(device, was_enabled_);
+  at::autocast::set_autocast_dtype(device, was_dtype_);
+#else
   if (cuda_) {
     at::autocast::set_enabled(was_enabled_);
     at::autocast::set_autocast_gpu_dtype(was_dtype_);
@@ -68,6 +89,7 @@ AutocastScope::~AutocastScope() {
     at::autocast::set_cpu_enabled(was_enabled_);
     at::autocast::set_autocast_cpu_dtype(was_dtype_);
   }
+#endif
 }
 
 int64_t score_batch_rows(const SampleSpec& spec) {

@@ -69,6 +69,8 @@ SKIP = {
     "-DTorch_DIR=\"$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')/Torch\" && "
     "cmake --build build-gpu -j": "needs a LibTorch with CUDA (tools/gpu-check.sh, on a GPU machine)",
     "tools/gpu-check.sh": "needs a GPU (tools/gpu-check.sh on a lent GPU machine)",
+    "tools/gpu-bundle.sh": "downloads 52 MB; ctest gpu_bundle (tests/bundle) runs it and builds against it",
+    "tools/gpu-check.sh --bundle gpu-bundle --jobs 16": "needs a GPU; its unpacking and build setup are ctest gpu_bundle's",
 }
 
 

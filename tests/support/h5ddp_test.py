@@ -32,7 +32,7 @@ SOURCE = os.environ.get("H5DDP_SOURCE_DIR", os.path.dirname(os.path.dirname(HERE
 BIN = os.environ.get("H5DDP_BINARY_DIR", os.path.join(HERE, "..", "..", "build"))
 MPIRUN = os.environ.get("H5DDP_MPIEXEC", "mpirun")
 PY = os.environ.get("H5DDP_PYTHON", "/usr/bin/python3")
-FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+FASHION_MNIST = os.environ.get("H5DDP_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")  # gpu-check --bundle
 
 
 # ---- cases ---------------------------------------------------------------------------------------------------------
