@@ -477,6 +477,29 @@ total=$((${#passed[@]} + ${#failed[@]} + ${#skipped[@]}))
 if [ "$total" -eq 0 ]; then
   finish 1 "gpu-check: FAIL: no gpu-labelled test found in $build_dir (configured without -DH5DDP_WITH_CUDA=ON?)"
 fi
+# ---- d. the benchmark line (indicative: one run each, after the tests) -----------------------------------------
+# h5ddp-train on CUDA (the default CNN, a global batch of 64 per GPU, real Fashion-MNIST batches, gradients over
+# NCCL) against PyTorch DDP over NCCL through this machine's torch on the same CNN and batch (synthetic input:
+# tools/bench/ddp_bench.py --device cuda); samples/s each. NCCL's bus bandwidth needs 2+ GPUs: at 1 GPU an
+# allreduce moves nothing, so only the step is compared there.
+bench_line=""
+if [ ${#failed[@]} -eq 0 ] && [ "$gpus" -ge 1 ] && [ "${H5DDP_GPU_CHECK_BENCH:-1}" = 1 ]; then
+  bnp=$((gpus >= 2 ? 2 : 1))
+  brun="$build_dir/gpu-check-bench-run"
+  rm -rf "$brun"
+  h5_sps=$(timeout 300 mpirun -np "$bnp" "$build_dir/tools/h5ddp-train" --device cuda --model cnn \
+    --batch-size $((64 * bnp)) --max-steps 400 --no-eval --no-final-checkpoint --log-every 400 --run-dir "$brun" \
+    --data-dir "${H5DDP_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}" 2>&1 | tee "$build_dir/gpu-check-bench.log" |
+    sed -n 's/.* \([0-9][0-9]*\) samples\/s.*/\1/p' | tail -n 1)
+  py_ms=$(timeout 300 mpirun -np "$bnp" "$test_python" tools/bench/ddp_bench.py --device cuda --model cnn --batch 64 \
+    --steps 400 --warmup 20 2>&1 | tee -a "$build_dir/gpu-check-bench.log" | sed -n 's/.* ddp_ms=\([0-9.]*\).*/\1/p')
+  py_sps=""
+  [ -n "$py_ms" ] && py_sps=$(awk -v ms="$py_ms" -v n="$bnp" 'BEGIN { printf "%.0f", 64 * n * 1000 / ms }')
+  bench_line="bench at $bnp GPU(s), CNN, batch 64/GPU: h5ddp-train ${h5_sps:-?} samples/s (data included),"
+  bench_line="$bench_line PyTorch DDP NCCL ${py_sps:-?} samples/s (synthetic input, step only)"
+  echo "gpu-check: $bench_line"
+  facts="$facts; $bench_line"
+fi
 if [ ${#failed[@]} -gt 0 ]; then
   finish 1 "gpu-check: FAIL ${#failed[@]}/$total failed (${failed[*]}), ${#passed[@]} passed, ${#skipped[@]} skipped" \
     "on $where ($facts); log: $ctest_log"

@@ -4,6 +4,8 @@
 Run under mpirun (rank and size come from Open MPI's environment), with /usr/bin/python3:
   mpirun -np 2 /usr/bin/python3 tools/bench/ddp_bench.py --model mlp --hidden 4096 --layers 4 --batch 16
 Prints one RESULT line on rank 0 (parsed by tools/bench/ddp_bench.sh).
+--device cuda (tools/gpu-check.sh's benchmark line): the same on each rank's GPU, DDP over NCCL, timed with
+torch.cuda.synchronize() around the steps.
 """
 import argparse
 import os
@@ -44,13 +46,17 @@ class BenchMlp(nn.Module):
         return self.fcs[-1](x)
 
 
-def time_steps(warmup, steps, step):
+def time_steps(warmup, steps, step, cuda=False):
     for _ in range(warmup):
         step()
+    if cuda:
+        torch.cuda.synchronize()
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
+    if cuda:
+        torch.cuda.synchronize()
     dist.barrier()
     return (time.perf_counter() - t0) / steps
 
@@ -64,20 +70,26 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--bucket-cap-mb", type=int, default=25)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     a = p.parse_args()
+    cuda = a.device == "cuda"
 
     torch.set_num_threads(1)
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
     size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("gloo", rank=rank, world_size=size)
+    local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("LOCAL_RANK", "0")))
+    if cuda:
+        torch.cuda.set_device(local % torch.cuda.device_count())
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=size)
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
     torch.manual_seed(1)
-    model = BenchCnn() if a.model == "cnn" else BenchMlp(a.hidden, a.layers)
+    model = (BenchCnn() if a.model == "cnn" else BenchMlp(a.hidden, a.layers)).to(dev)
     nparams = sum(t.numel() for t in model.parameters())
-    x = torch.randn(a.batch, 1, 28, 28)
-    y = torch.randint(0, 10, (a.batch,))
+    x = torch.randn(a.batch, 1, 28, 28).to(dev)
+    y = torch.randint(0, 10, (a.batch,)).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def local_step():
@@ -85,20 +97,21 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=False)
 
-    t_local = time_steps(a.warmup, a.steps, local_step)
+    t_local = time_steps(a.warmup, a.steps, local_step, cuda)
 
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_cap_mb)
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_cap_mb,
+                                              device_ids=[dev.index] if cuda else None)
 
     def ddp_step():
         F.nll_loss(F.log_softmax(ddp(x), 1), y).backward()
         opt.step()
         opt.zero_grad(set_to_none=False)
 
-    t_ddp = time_steps(a.warmup, a.steps, ddp_step)
+    t_ddp = time_steps(a.warmup, a.steps, ddp_step, cuda)
     if rank == 0:
         # Run with glibc's malloc tuned the way h5ddp's MpiEnv tunes it (ddp_bench.sh PY_MALLOC=1): its own row.
         impl = "pytorch+malloc" if os.environ.get("MALLOC_TRIM_THRESHOLD_") else "pytorch"
-        print(f"RESULT impl={impl} model={a.model} ranks={size} params={nparams} batch={a.batch} "
+        print(f"RESULT impl={impl} device={a.device} model={a.model} ranks={size} params={nparams} batch={a.batch} "
               f"local_ms={1e3 * t_local:.3f} ddp_ms={1e3 * t_ddp:.3f}", flush=True)
     dist.destroy_process_group()
 
