@@ -20,6 +20,12 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/h5ddp-bundle-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 bundle=${H5DDP_GPU_BUNDLE:-}
 if [ -z "$bundle" ]; then
+  # No package mirror (an offline machine) is a skip; a package the mirror lacks is a failure (gpu-bundle.sh's).
+  mkdir -p "$work/probe"
+  if ! (cd "$work/probe" && apt-get -qq download libxxhash-dev >/dev/null 2>&1); then
+    echo "SKIP: apt-get download reaches no package mirror here (run apt-get update, or set H5DDP_GPU_BUNDLE)"
+    exit 77
+  fi
   bundle=$work/bundle
   bash "$src/tools/gpu-bundle.sh" "$bundle"
 fi
