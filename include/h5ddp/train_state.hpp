@@ -25,6 +25,21 @@ struct TensorRef {
     return n;
   }
   size_t nbytes() const { return numel() * dtype_size(dtype); }
+
+  // Element-range sharding (ZeRO-2/3, docs/SHARDING.md): `data` holds only rows [row_begin, row_end) of
+  // dimension 0 of the tensor of `shape` (which stays the whole tensor's); row_end < 0: all of it. A save
+  // writes each rank's rows into the one dataset (the ranks' pieces must tile it); a load reads just them.
+  int64_t row_begin = 0;
+  int64_t row_end = -1;
+  int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
+  // Whether `data` holds part of the tensor only (a range that is not all rows).
+  bool piece() const { return row_end >= 0 && !(row_begin == 0 && row_end == rows()); }
+  size_t held_numel() const {
+    if (!piece()) return numel();
+    const int64_t r = rows();
+    return r == 0 ? 0 : numel() / static_cast<size_t>(r) * static_cast<size_t>(row_end - row_begin);
+  }
+  size_t held_nbytes() const { return held_numel() * dtype_size(dtype); }
 };
 
 // One optimizer param group: hyperparameters by PyTorch's names (lr, betas0, betas1, eps,

@@ -109,6 +109,17 @@ void StreamHash::update(const void* data, size_t n) {
 uint64_t StreamHash::digest() const {
   return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
 }
+std::vector<uint8_t> StreamHash::state_bytes() const {
+  const auto* p = static_cast<const uint8_t*>(state_);
+  return std::vector<uint8_t>(p, p + sizeof(XXH3_state_t));
+}
+void StreamHash::set_state_bytes(const std::vector<uint8_t>& bytes) {
+  if (bytes.size() != sizeof(XXH3_state_t)) throw CheckpointError("a hash state of the wrong size arrived");
+  auto* st = static_cast<XXH3_state_t*>(state_);
+  const unsigned char* secret = st->extSecret;  // an address in this process: the other one's means nothing here
+  std::memcpy(st, bytes.data(), bytes.size());
+  st->extSecret = secret;
+}
 
 uint64_t sample_hash(const void* data, size_t n) {
   constexpr size_t kBlock = 4096, kBlocks = 16;

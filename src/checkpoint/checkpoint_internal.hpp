@@ -23,6 +23,13 @@
 
 namespace h5ddp::ckpt {
 
+// Rows [row_begin, row_end) of plan entry `index` handled by `rank`.
+struct Segment {
+  size_t index = 0;
+  int rank = 0;
+  uint64_t row_begin = 0, row_end = 0;
+};
+
 // One dataset of a checkpoint as the writer or reader sees it.
 struct DatasetPlan {
   std::string path;  // absolute HDF5 path (built with format.hpp helpers)
@@ -34,6 +41,11 @@ struct DatasetPlan {
   uint64_t checksum = 0;
   bool tensor = false;  // save: src is a caller's tensor (hashed while writing, not in the plan)
   int owner = -1;       // >= 0: sharded, only rank `owner` holds the bytes (src is null elsewhere) and writes them
+  // Element-range sharding: the ranks' row pieces, which tile the dataset (index unused); each rank writes (or
+  // reads) its own, and src (dst) holds only this rank's rows, from row src_row on. Empty: not split.
+  std::vector<Segment> pieces;
+  uint64_t src_row = 0;
+  uint64_t src_row_end = 0;  // load: the end of this rank's rows (pieces only)
 
   size_t nbytes() const;
   size_t rows() const;       // shape[0], 1 for a scalar
@@ -41,17 +53,27 @@ struct DatasetPlan {
   h5::Handle file_type() const;
 };
 
-// Rows [row_begin, row_end) of plan entry `index` handled by `rank`.
-struct Segment {
-  size_t index = 0;
-  int rank = 0;
-  uint64_t row_begin = 0, row_end = 0;
-};
-
 // Pure. Splits the concatenated bytes of `datasets` into `world` contiguous shares at row granularity; returns
 // the non-empty segments in dataset order (and rank order within a dataset). Every row belongs to one segment.
 // A dataset with an owner (sharded) is one segment of its owner and takes no part in the shares.
 std::vector<Segment> compute_segments(const std::vector<DatasetPlan>& datasets, int world);
+// Collective. The XXH3 of each dataset split in `pieces` (byte ranges of datasets, every rank's, the same list on
+// every rank; `data` is this rank's bytes of its own pieces) as hash_bytes of the whole would give, computed
+// without moving the bytes: each piece's owner continues the hash state (a few hundred bytes) the owner of the
+// piece before it passes on, point to point. Ranks take their pieces in (dataset, offset) order, so every wait
+// is for an earlier piece and the chain cannot deadlock. Returns (dataset, hash) for the datasets whose last
+// piece this rank holds.
+struct HashPiece {
+  size_t dataset = 0;
+  int rank = 0;
+  uint64_t begin = 0, end = 0;  // bytes of the dataset
+  const void* data = nullptr;   // this rank's bytes [begin, end) where rank is this rank
+};
+std::vector<std::pair<size_t, uint64_t>> chained_hashes(MpiComm& comm, std::vector<HashPiece> pieces);
+// Pure. Where the row pieces of a dataset of `rows` rows (one name, rank per piece) leave rows unowned or owned
+// twice: one line each, naming `name` and the ranks; "" when they tile it.
+std::string piece_coverage(const std::string& name, int64_t rows, std::vector<Segment> pieces);
+
 // Pure. Assigns each whole dataset to one rank, greedily balancing bytes (used to share checksum work).
 std::vector<int> assign_whole_datasets(const std::vector<DatasetPlan>& datasets, int world);
 
@@ -62,11 +84,19 @@ struct SavePlan {
   uint64_t structure_hash = 0;              // names, dtypes, shapes, attributes: must agree across ranks
   OptimizerState optimizer;                 // the optimizer state the file holds (merged when sharded)
 };
+// Where a sharded optimizer's state entry is: whole on rank `owner` (the lowest rank listing it: a whole entry
+// several ranks list, such as Adam's step of a parameter split between them, holds one value), or split in the
+// ranks' row pieces.
+struct ShardPlacement {
+  int owner = -1;
+  std::vector<Segment> pieces;  // (rank, rows) each; empty: whole
+};
 // Collective, for state.optimizer.sharded: every rank's share of the optimizer state merged into the full
 // logical state (groups' parameter lists and state entries in the model's order, as a replicated optimizer
-// lists them); owners[i] is the rank holding entry i, whose data is null on the other ranks. Ranks whose shares
-// overlap or whose group counts differ: DisagreementError on every rank.
-OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::vector<int>& owners);
+// lists them; an entry's TensorRef is this rank's listing of it, data null where it holds none);
+// placement[i] says where entry i is. Row pieces that leave rows unowned or owned twice, entries listed with
+// different shapes, different group counts: DisagreementError on every rank, naming the rows and ranks.
+OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::vector<ShardPlacement>& placement);
 // Collective (allgathers the rng rows). Builds the plan and computes the checksums of the small datasets;
 // tensor datasets (`tensor` set) get theirs while they are written (see save_checkpoint).
 SavePlan make_save_plan(Comm& comm, const TrainState& state);
@@ -98,6 +128,9 @@ class StreamHash {
   StreamHash& operator=(const StreamHash&) = delete;
   void update(const void* data, size_t n);
   uint64_t digest() const;
+  // The state as bytes, and back (chained_hashes passes it between ranks of one program).
+  std::vector<uint8_t> state_bytes() const;
+  void set_state_bytes(const std::vector<uint8_t>& bytes);
 
  private:
   explicit StreamHash(void (*update)(void* state, const void* data, size_t n));

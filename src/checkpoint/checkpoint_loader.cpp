@@ -48,7 +48,7 @@ std::string compare_refs(const std::string& what, const std::string& group, cons
     const TensorInfo& t = *it->second;
     if (t.dtype != r.dtype || t.shape != r.shape)
       out += "\n  " + path + ": expected " + describe(r.dtype, r.shape) + ", found " + describe(t.dtype, t.shape);
-    else if (r.nbytes() > 0 && r.data == nullptr)
+    else if (r.held_nbytes() > 0 && r.data == nullptr)
       out += "\n  " + path + ": the destination has no memory";
     in_file.erase(it);
   }
@@ -58,24 +58,45 @@ std::string compare_refs(const std::string& what, const std::string& group, cons
   return out;
 }
 
-// Collective. With sharded optimizer state every entry of the file must be loaded by exactly one rank: the
-// entries no rank or several ranks took, one line each ("" when the shares partition the file's state).
-std::string shard_coverage(Comm& comm, const std::vector<TensorRef>& refs, const std::vector<TensorInfo>& found) {
+// Collective, sharded loads. Which rows of each optimizer-state entry of the file each rank loads: every entry
+// by at least one rank, and an entry some rank loads in row pieces by exactly one rank per row (whole entries
+// several ranks load, such as Adam's step of a split parameter, are fine). Returns the problems (one line
+// each); `pieces[i]` gets entry i's row pieces, the same on every rank (empty: loaded whole).
+std::string shard_coverage(Comm& comm, const std::vector<TensorRef>& refs, const std::vector<TensorInfo>& found,
+                           std::vector<std::vector<ckpt::Segment>>& pieces) {
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < found.size(); ++i) index.emplace(found[i].name, i);
-  std::vector<int32_t> claimed(found.size(), 0);
+  // Per entry: kind (0 not loaded here, 1 whole, 2 rows), row_begin, row_end.
+  std::vector<int64_t> mine(3 * found.size(), 0);
   for (const auto& r : refs)
-    if (auto it = index.find(r.name); it != index.end()) claimed[it->second] = 1;
-  if (!claimed.empty()) comm.allreduce(claimed.data(), claimed.size(), DType::kI32, ReduceOp::kSum);
+    if (auto it = index.find(r.name); it != index.end()) {
+      mine[3 * it->second] = r.piece() ? 2 : 1;
+      mine[3 * it->second + 1] = r.piece() ? r.row_begin : 0;
+      mine[3 * it->second + 2] = r.piece() ? r.row_end : r.rows();
+    }
+  std::vector<int64_t> all(mine.size() * comm.size());
+  if (!mine.empty()) comm.allgather(mine.data(), all.data(), mine.size(), DType::kI64);
   std::string out;
+  pieces.assign(found.size(), {});
   for (size_t i = 0; i < found.size(); ++i) {
     const std::string path = std::string(format::kOptimizerStateGroup) + "/" + found[i].name;
-    if (claimed[i] == 0)
+    std::vector<ckpt::Segment> listed;
+    bool any_piece = false;
+    for (int r = 0; r < comm.size(); ++r) {
+      const int64_t* c = &all[(static_cast<size_t>(r) * found.size() + i) * 3];
+      if (c[0] == 0) continue;
+      any_piece = any_piece || c[0] == 2;
+      listed.push_back(ckpt::Segment{i, r, static_cast<uint64_t>(c[1]), static_cast<uint64_t>(c[2])});
+    }
+    if (listed.empty())
       out +=
           "\n  not in the optimizer state of any rank: " + path + " (" + describe(found[i].dtype, found[i].shape) + ")";
-    else if (claimed[i] > 1)
-      out += "\n  " + path + " would be loaded by " + std::to_string(claimed[i]) +
-             " ranks (their optimizer shards overlap)";
+    if (!any_piece) continue;
+    const int64_t rows = found[i].shape.empty() ? 1 : found[i].shape[0];
+    out += ckpt::piece_coverage(path, rows, listed);
+    std::sort(listed.begin(), listed.end(),
+              [](const ckpt::Segment& a, const ckpt::Segment& b) { return a.row_begin < b.row_begin; });
+    pieces[i] = std::move(listed);
   }
   return out;
 }
@@ -161,17 +182,18 @@ bool bounce_reads() {
 // copied to d.dst; a row larger than a piece goes straight to d.dst.
 void read_pieces(hid_t ds, const DatasetPlan& d, hid_t dxpl, ckpt::StreamHash* hash, std::vector<char>* bounce,
                  bool flip_test_hook) {
-  const size_t rb = d.row_bytes(), rows = d.rows();
+  const size_t rb = d.row_bytes(), first = d.pieces.empty() ? 0 : d.src_row;
+  const size_t rows = d.pieces.empty() ? d.rows() : d.src_row_end;
   const size_t piece = std::min<uint64_t>(ckpt::kLoadPieceBytes, ckpt::max_transfer_bytes());
   const size_t per = std::max<size_t>(1, rb ? piece / rb : 1);
   const bool via_bounce = bounce != nullptr && rb > 0 && rb <= piece;
   if (via_bounce && bounce->size() < per * rb) bounce->resize(per * rb);
-  for (size_t r = 0; r < rows; r += per) {
+  for (size_t r = first; r < rows; r += per) {
     const size_t end = std::min(rows, r + per), n = (end - r) * rb;
-    char* p = static_cast<char*>(d.dst) + r * rb;
+    char* p = static_cast<char*>(d.dst) + (r - first) * rb;
     char* into = via_bounce ? bounce->data() : p;
     ckpt::read_rows(ds, d, r, end, into, dxpl);
-    if (flip_test_hook && r == 0 && n > 0) into[0] ^= 1;
+    if (flip_test_hook && r == first && n > 0) into[0] ^= 1;
     if (hash) hash->update(into, n);
     if (via_bounce) std::memcpy(p, into, n);
   }
@@ -218,9 +240,11 @@ void read_dataset_whole(hid_t f, const DatasetPlan& d, size_t i, hid_t dxpl, boo
                         std::vector<char>& bounce, bool& flip, ckpt::BackgroundHasher& hasher) {
   h5::SilenceErrors quiet;
   h5::Handle ds = open_dataset(f, d.path);
-  if (direct && d.nbytes() >= kDirectMinBytes) {
+  const uint64_t first = d.pieces.empty() ? 0 : d.src_row;
+  const uint64_t n = d.pieces.empty() ? d.nbytes() : (d.src_row_end - d.src_row) * d.row_bytes();
+  if (direct && n >= kDirectMinBytes) {
     if (const auto offset = raw_offset(ds, d)) {
-      extents.push_back(ckpt::FileExtent{*offset, d.nbytes(), static_cast<char*>(d.dst), d.path});
+      extents.push_back(ckpt::FileExtent{*offset + first * d.row_bytes(), n, static_cast<char*>(d.dst), d.path});
       extent_slot.push_back(i);
       return;
     }
@@ -389,14 +413,15 @@ std::vector<RngState> read_rng(hid_t f, const CheckpointManifest& m, const std::
 
 // Collective. The destinations must match the file exactly: ONE CheckpointMismatchError on every rank listing
 // every difference of the refs (the lowest failing rank's list).
-void check_destinations(MpiComm& comm, const std::string& path, const CheckpointManifest& m, const TrainState& state) {
+void check_destinations(MpiComm& comm, const std::string& path, const CheckpointManifest& m, const TrainState& state,
+                        std::vector<std::vector<ckpt::Segment>>& pieces) {
   comm.require_same(state.optimizer.sharded ? 1 : 0, "whether the optimizer state is sharded");
   const bool sharded = state.optimizer.sharded;
   std::string diff =
       compare_refs("model", format::kModelGroup, state.model, m.model) +
       compare_refs("optimizer state", format::kOptimizerStateGroup, state.optimizer.state, m.optimizer_state, sharded) +
       compare_refs("user state", format::kUserGroup, state.user, m.user);
-  if (sharded) diff += shard_coverage(comm, state.optimizer.state, m.optimizer_state);
+  if (sharded) diff += shard_coverage(comm, state.optimizer.state, m.optimizer_state, pieces);
   if (!diff.empty()) {
     size_t n = 0;
     for (char c : diff) n += c == '\n';
@@ -408,21 +433,65 @@ void check_destinations(MpiComm& comm, const std::string& path, const Checkpoint
 
 // The tensors to read: `shared` every rank reads (or receives) whole; with sharded optimizer state, `own` holds
 // the entries this rank's optimizer holds, which it alone reads.
+// Entries split in row pieces (element-range sharding) are in `own` too: each rank reads its rows, and the
+// ranks verify each such dataset together (ckpt::chained_hashes over `pieces`, by manifest index).
 struct TensorPlan {
   std::vector<DatasetPlan> shared, own;
   bool sharded = false;  // agreed (check_destinations)
+  std::vector<std::vector<ckpt::Segment>> pieces;  // per optimizer-state entry of the manifest; empty: whole
+  std::vector<size_t> own_entry;                   // own[i] is manifest entry own_entry[i]
+  std::vector<uint64_t> row_bytes;                 // per optimizer-state entry of the manifest
 };
-TensorPlan plan_tensors(const TrainState& state, const CheckpointManifest& m) {
+TensorPlan plan_tensors(const TrainState& state, const CheckpointManifest& m,
+                        std::vector<std::vector<ckpt::Segment>> pieces) {
   TensorPlan p;
   p.sharded = state.optimizer.sharded;
   p.shared = load_plan(state.model, m.model, format::model_dataset);
   p.own = load_plan(state.optimizer.state, m.optimizer_state, format::optimizer_state_dataset);
+  p.pieces = std::move(pieces);
+  for (const auto& t : m.optimizer_state) {
+    const uint64_t rows = t.shape.empty() ? 1 : static_cast<uint64_t>(t.shape[0]);
+    p.row_bytes.push_back(rows ? t.nbytes() / rows : 0);
+  }
+  if (p.sharded) {
+    std::map<std::string, size_t> entry;
+    for (size_t i = 0; i < m.optimizer_state.size(); ++i) entry.emplace(m.optimizer_state[i].name, i);
+    for (size_t k = 0; k < p.own.size(); ++k) {
+      const TensorRef& r = state.optimizer.state[k];
+      p.own_entry.push_back(entry.at(r.name));
+      if (p.pieces[p.own_entry.back()].empty()) continue;
+      p.own[k].pieces = p.pieces[p.own_entry.back()];
+      p.own[k].src_row = static_cast<uint64_t>(r.row_begin);
+      p.own[k].src_row_end = static_cast<uint64_t>(r.row_end);
+    }
+  }
   if (!p.sharded) {
     for (auto& d : p.own) p.shared.push_back(std::move(d));
     p.own.clear();
   }
   for (auto& d : load_plan(state.user, m.user, format::user_dataset)) p.shared.push_back(std::move(d));
   return p;
+}
+
+// Collective. The checksums of the optimizer-state datasets loaded in row pieces, each computed by the ranks
+// holding its pieces together (ckpt::chained_hashes) and compared by the rank holding the last piece. Returns
+// this rank's problems (one line each).
+std::string verify_pieces(MpiComm& comm, const TensorPlan& p, const std::string& path) {
+  std::vector<ckpt::HashPiece> chain;
+  std::map<size_t, const DatasetPlan*> mine;  // manifest entry -> this rank's plan of it
+  for (size_t k = 0; k < p.own.size(); ++k)
+    if (!p.own[k].pieces.empty()) mine[p.own_entry[k]] = &p.own[k];
+  for (size_t e = 0; e < p.pieces.size(); ++e)
+    for (const ckpt::Segment& s : p.pieces[e]) {
+      const uint64_t rb = p.row_bytes[e];
+      chain.push_back({e, s.rank, s.row_begin * rb, s.row_end * rb, s.rank == comm.rank() ? mine.at(e)->dst : nullptr});
+    }
+  std::string problems;
+  for (const auto& [e, hash] : ckpt::chained_hashes(comm, std::move(chain)))
+    if (hash != mine.at(e)->checksum)
+      problems += "\n  R13: checksum mismatch in dataset " + mine.at(e)->path + " (its pieces, hashed by the ranks "
+                  "holding them, do not give the checksum of " + path + ")";
+  return problems;
 }
 
 // Collective. Reads every tensor into its destination and verifies its checksum. Every rank verifies the checksum
@@ -439,21 +508,24 @@ void read_and_verify(MpiComm& comm, hid_t f, const TensorPlan& p, const std::str
   read_tensors(comm, f, p.shared, options.strategy, direct, path, verify_here, hasher);
   // Sharded optimizer state: each rank reads (and verifies) exactly the datasets it owns, nothing else.
   ckpt::BackgroundHasher own_hasher(p.own.size());
+  std::vector<char> own_verify(p.own.size(), verify ? 1 : 0);
+  for (size_t i = 0; i < p.own.size(); ++i)
+    if (!p.own[i].pieces.empty()) own_verify[i] = 0;  // verified by the chain below
   if (p.sharded) {
     const bool own_direct = use_direct_io(comm, options.direct_io);
-    read_tensors(comm, f, p.own, LoadStrategy::kEveryRankReads, own_direct, path,
-                 std::vector<char>(p.own.size(), verify), own_hasher);
+    read_tensors(comm, f, p.own, LoadStrategy::kEveryRankReads, own_direct, path, own_verify, own_hasher);
   }
   timer.mark("read");
-
   std::string problems;
+  if (verify) problems += verify_pieces(comm, p, path);
+
   const std::vector<uint64_t> hashed = hasher.finish();
   for (size_t i = 0; i < p.shared.size(); ++i)
     if (verify_here[i] && hashed[i] != p.shared[i].checksum)
       problems += "\n  R13: checksum mismatch in dataset " + p.shared[i].path;
   const std::vector<uint64_t> own_hashed = own_hasher.finish();
   for (size_t i = 0; i < p.own.size(); ++i)
-    if (verify && own_hashed[i] != p.own[i].checksum)
+    if (own_verify[i] && own_hashed[i] != p.own[i].checksum)
       problems += "\n  R13: checksum mismatch in dataset " + p.own[i].path;
   if (!problems.empty())
     problems = path + ": corrupt data on rank " + std::to_string(comm.rank()) + " (the bytes it read" +
@@ -530,10 +602,11 @@ void load_checkpoint(MpiComm& comm, const std::string& path, const LoadDestinati
     check_values(m, loaded, {}, path);
   }));
   TrainState& state = *agreed(comm, [&] { return &destinations(m); });
-  check_destinations(comm, path, m, state);
+  std::vector<std::vector<ckpt::Segment>> pieces;
+  check_destinations(comm, path, m, state, pieces);
   timer.mark("open+manifest");
 
-  read_and_verify(comm, f, plan_tensors(state, m), path, options, timer);
+  read_and_verify(comm, f, plan_tensors(state, m, std::move(pieces)), path, options, timer);
   comm.rethrow_first(ckpt::checkpoint_error_of([&] { check_values(m, loaded, state.optimizer.state, path); }));
   f.close();
   apply_small_state(state, std::move(loaded), m, comm.rank());

@@ -40,7 +40,7 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 std::vector<Segment> compute_segments(const std::vector<DatasetPlan>& datasets, int world) {
   uint64_t total = 0;
   for (const auto& d : datasets)
-    if (d.owner < 0) total += d.nbytes();
+    if (d.owner < 0 && d.pieces.empty()) total += d.nbytes();
   // Share r covers global bytes [bound(r), bound(r+1)); a row belongs to the share holding its first byte.
   auto bound = [&](int r) -> uint64_t {
     return static_cast<uint64_t>((static_cast<unsigned __int128>(total) * r) / world);
@@ -52,6 +52,11 @@ std::vector<Segment> compute_segments(const std::vector<DatasetPlan>& datasets, 
     if (n == 0) continue;
     if (datasets[i].owner >= 0) {
       out.push_back(Segment{i, datasets[i].owner, 0, rows});
+      continue;
+    }
+    if (!datasets[i].pieces.empty()) {
+      for (const Segment& p : datasets[i].pieces)
+        if (p.row_end > p.row_begin) out.push_back(Segment{i, p.rank, p.row_begin, p.row_end});
       continue;
     }
     // first_row(r): the first row whose first byte lies at or after bound(r).
@@ -87,18 +92,26 @@ std::vector<int> assign_whole_datasets(const std::vector<DatasetPlan>& datasets,
 
 namespace {
 
-// `owner` >= 0: a sharded tensor that rank `owner` holds (t.data is null on the other ranks).
-DatasetPlan tensor_plan(const std::string& path, const TensorRef& t, int owner = -1, int rank = -1) {
+// `where`: a sharded tensor that rank `owner` holds (t.data is null on the other ranks), or one split in row
+// pieces (t.data: this rank's rows, if it holds any).
+DatasetPlan tensor_plan(const std::string& path, const TensorRef& t, const ShardPlacement& where = {}, int rank = -1) {
   DatasetPlan d;
   d.path = path;
   d.dtype = t.dtype;
   d.shape = t.shape;
   d.src = t.data;
   d.tensor = true;
-  d.owner = owner;
+  d.owner = where.pieces.empty() ? where.owner : -1;
+  d.pieces = where.pieces;
+  bool holds_piece = false;
+  for (const Segment& s : d.pieces)
+    if (s.rank == rank) d.src_row = s.row_begin, holds_piece = true;
   for (int64_t s : t.shape)
     if (s < 0) throw CheckpointError("tensor '" + t.name + "' has a negative dimension " + shape_string(t.shape));
-  if (t.nbytes() > 0 && t.data == nullptr && owner == rank)
+  if (where.pieces.empty() && t.piece())
+    throw CheckpointError("tensor '" + t.name + "' holds rows [" + std::to_string(t.row_begin) + ", " +
+                          std::to_string(t.row_end) + ") only: row pieces are for a sharded optimizer's state");
+  if (t.held_nbytes() > 0 && t.data == nullptr && (d.owner == rank || holds_piece))
     throw CheckpointError("tensor '" + t.name + "' has no data pointer");
   return d;
 }
@@ -120,9 +133,9 @@ std::string hex_double(double v) {
   return b;
 }
 
-// `opt` is state.optimizer, or its merged form when sharded (then `owners` gives each state entry's rank).
+// `opt` is state.optimizer, or its merged form when sharded (then `placement` says where each entry is).
 void add_local_datasets(SavePlan& plan, const TrainState& state, const OptimizerState& opt,
-                        const std::vector<int>& owners, int rank) {
+                        const std::vector<ShardPlacement>& placement, int rank) {
   std::set<std::string> seen;
   auto add = [&](DatasetPlan d) {
     if (!seen.insert(d.path).second) throw CheckpointError("two tensors map to the same dataset " + d.path);
@@ -130,8 +143,8 @@ void add_local_datasets(SavePlan& plan, const TrainState& state, const Optimizer
   };
   for (const auto& t : state.model) add(tensor_plan(format::model_dataset(t.name), t));
   for (size_t i = 0; i < opt.state.size(); ++i)
-    add(tensor_plan(format::optimizer_state_dataset(opt.state[i].name), opt.state[i], owners.empty() ? -1 : owners[i],
-                    rank));
+    add(tensor_plan(format::optimizer_state_dataset(opt.state[i].name), opt.state[i],
+                    placement.empty() ? ShardPlacement{} : placement[i], rank));
   for (const auto& t : state.user) add(tensor_plan(format::user_dataset(t.name), t));
   for (size_t g = 0; g < opt.groups.size(); ++g) {
     const auto& names = opt.groups[g].params;
@@ -195,7 +208,7 @@ void add_rng_datasets(Comm& comm, SavePlan& plan, const TrainState& state) {
 namespace {
 
 // One rank's share of a sharded optimizer, as one text: group count, then "G<group> <param>" lines, then
-// "S<dtype> <dims> <shape...> <entry>" lines.
+// "S<dtype> <dims> <shape...> <row_begin> <row_end> <entry>" lines (row_end -1: the whole tensor).
 std::string describe_shard(const OptimizerState& opt) {
   std::string out = std::to_string(opt.groups.size()) + "\n";
   for (size_t g = 0; g < opt.groups.size(); ++g)
@@ -203,6 +216,7 @@ std::string describe_shard(const OptimizerState& opt) {
   for (const auto& t : opt.state) {
     out += "S" + std::string(dtype_name(t.dtype)) + " " + std::to_string(t.shape.size());
     for (int64_t d : t.shape) out += " " + std::to_string(d);
+    out += " " + std::to_string(t.piece() ? t.row_begin : 0) + " " + std::to_string(t.piece() ? t.row_end : -1);
     out += " " + t.name + "\n";
   }
   return out;
@@ -223,16 +237,17 @@ std::vector<std::string> allgather_strings(Comm& comm, std::string mine) {
   return out;
 }
 
-// The ranks' shards as read back from their texts.
+// The ranks' shards as read back from their texts: one entry per state name, with every rank's listing of it.
 struct ShardListing {
   struct Entry {
-    TensorRef ref;
-    int rank;
+    TensorRef ref;  // this rank's own listing where it has one (data, rows), else the first rank's (no data)
+    std::vector<Segment> listed;  // (rank, rows) per listing rank; rows [0, rows) for a whole listing
+    bool any_piece = false;
   };
-  std::vector<Entry> entries;                                    // state entries, in rank order
+  std::vector<Entry> entries;                                    // in first-listed order
   std::vector<std::vector<std::pair<std::string, int>>> groups;  // per group: (parameter, rank)
   std::string problems;                                          // one line each
-  std::map<std::string, int> entry_rank;
+  std::map<std::string, size_t> index;
 };
 
 // One "S..." line of rank r's text; the data pointer is this rank's own where the entry is its own.
@@ -245,6 +260,7 @@ TensorRef parse_state_line(const std::string& line, int r, int rank, const Optim
   t.dtype = dtype_from_name(dtype);
   t.shape.resize(dims);
   for (auto& d : t.shape) f >> d;
+  f >> t.row_begin >> t.row_end;
   f.get();
   std::getline(f, t.name);
   if (r == rank)
@@ -253,7 +269,28 @@ TensorRef parse_state_line(const std::string& line, int r, int rank, const Optim
   return t;
 }
 
-// Adds rank r's text to `out` (group count checked against rank 0's, entries held twice reported).
+void add_listing(ShardListing& out, TensorRef t, int r, int rank) {
+  const bool piece = t.piece();
+  const Segment rows{0, r, piece ? static_cast<uint64_t>(t.row_begin) : 0,
+                     piece ? static_cast<uint64_t>(t.row_end) : static_cast<uint64_t>(t.rows())};
+  auto [it, fresh] = out.index.emplace(t.name, out.entries.size());
+  if (fresh) {
+    out.entries.push_back(ShardListing::Entry{std::move(t), {rows}, piece});
+    return;
+  }
+  ShardListing::Entry& e = out.entries[it->second];
+  if (e.ref.dtype != t.dtype || e.ref.shape != t.shape) {
+    out.problems += "\n    " + t.name + " is " + dtype_name(t.dtype) + " " + shape_string(t.shape) + " on rank " +
+                    std::to_string(r) + ", " + dtype_name(e.ref.dtype) + " " + shape_string(e.ref.shape) +
+                    " on rank " + std::to_string(e.listed.front().rank);
+    return;
+  }
+  e.listed.push_back(rows);
+  e.any_piece = e.any_piece || piece;
+  if (r == rank) e.ref = std::move(t);
+}
+
+// Adds rank r's text to `out` (group count checked against rank 0's).
 void parse_shard(const std::string& text, int r, int rank, const OptimizerState& own, ShardListing& out) {
   std::istringstream in(text);
   std::string line;
@@ -278,23 +315,37 @@ void parse_shard(const std::string& text, int r, int rank, const OptimizerState&
       continue;
     }
     TensorRef t = parse_state_line(line, r, rank, own);
-    if (t.name.empty()) continue;
-    auto [it, fresh] = out.entry_rank.emplace(t.name, r);
-    if (!fresh) {
-      out.problems +=
-          "\n    " + t.name + " is held by ranks " + std::to_string(it->second) + " and " + std::to_string(r);
-      continue;
+    if (!t.name.empty()) add_listing(out, std::move(t), r, rank);
+  }
+}
+
+// Where each listed entry goes: whole entries to the lowest rank listing them (a whole entry that several ranks
+// list, e.g. Adam's step of a parameter split between them, holds the same value on each); split entries in
+// their ranks' pieces, which must tile the tensor.
+void place_entries(ShardListing& listing, std::vector<ShardPlacement>& placement) {
+  placement.clear();
+  for (auto& e : listing.entries) {
+    ShardPlacement p;
+    if (!e.any_piece) {
+      p.owner = e.listed.front().rank;
+      for (const Segment& s : e.listed) p.owner = std::min(p.owner, s.rank);
+    } else {
+      listing.problems += piece_coverage(e.ref.name, e.ref.rows(), e.listed);
+      p.pieces = e.listed;
+      std::sort(p.pieces.begin(), p.pieces.end(),
+                [](const Segment& a, const Segment& b) { return a.row_begin < b.row_begin; });
     }
-    out.entries.push_back(ShardListing::Entry{std::move(t), r});
+    placement.push_back(std::move(p));
   }
 }
 
 }  // namespace
 
-OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::vector<int>& owners) {
+OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::vector<ShardPlacement>& placement) {
   const std::vector<std::string> texts = allgather_strings(comm, describe_shard(state.optimizer));
   ShardListing listing;
   for (int r = 0; r < comm.size(); ++r) parse_shard(texts[r], r, comm.rank(), state.optimizer, listing);
+  if (listing.problems.empty()) place_entries(listing, placement);
 
   // The model's order (registration order) orders the merged lists, as a replicated optimizer lists them.
   std::map<std::string, size_t> model_index;
@@ -313,33 +364,34 @@ OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::
                      [&](const auto& a, const auto& b) { return position(a.first) < position(b.first); });
     ParamGroup pg;
     pg.hyper = state.optimizer.groups[g].hyper;
-    for (size_t i = 0; i < names.size(); ++i) {
-      if (i > 0 && names[i].first == names[i - 1].first)
-        problems += "\n    parameter " + names[i].first + " is in the optimizer of ranks " +
-                    std::to_string(names[i - 1].second) + " and " + std::to_string(names[i].second);
-      pg.params.push_back(names[i].first);
-    }
+    for (size_t i = 0; i < names.size(); ++i)  // a parameter split between ranks is in each one's optimizer
+      if (i == 0 || names[i].first != names[i - 1].first) pg.params.push_back(names[i].first);
     out.groups.push_back(std::move(pg));
   }
   if (!problems.empty())
     throw_agreed(DisagreementError(
         "the ranks' optimizer shards do not partition the optimizer state; no file written:" + problems));
   auto param_of = [](const std::string& entry) { return entry.substr(0, entry.rfind('/')); };
-  std::stable_sort(listing.entries.begin(), listing.entries.end(), [&](const auto& a, const auto& b) {
-    return position(param_of(a.ref.name)) < position(param_of(b.ref.name));
+  std::vector<size_t> order(listing.entries.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return position(param_of(listing.entries[a].ref.name)) < position(param_of(listing.entries[b].ref.name));
   });
-  owners.clear();
-  for (auto& e : listing.entries) {
-    out.state.push_back(std::move(e.ref));
-    owners.push_back(e.rank);
+  std::vector<ShardPlacement> sorted;
+  for (size_t i : order) {
+    TensorRef ref = listing.entries[i].ref;
+    if (!placement[i].pieces.empty() && !ref.piece() && ref.data != nullptr) ref.row_begin = 0, ref.row_end = ref.rows();
+    out.state.push_back(std::move(ref));
+    sorted.push_back(std::move(placement[i]));
   }
+  placement = std::move(sorted);
   return out;
 }
 
 SavePlan make_save_plan(Comm& comm, const TrainState& state) {
   SavePlan plan;
   OptimizerState merged;
-  std::vector<int> owners;
+  std::vector<ShardPlacement> owners;
   if (state.optimizer.sharded) merged = merge_optimizer_shards(comm, state, owners);
   const OptimizerState& opt = state.optimizer.sharded ? merged : state.optimizer;
   // Local part first (it may throw on a bad name); agree on its outcome before the collective part.

@@ -58,7 +58,7 @@ void agree_on_plan(Comm& comm, const ckpt::SavePlan& plan) {
   }
   std::vector<uint64_t> lo, hi;
   for (const auto& d : plan.datasets)
-    lo.push_back(d.owner >= 0 ? 0
+    lo.push_back(d.owner >= 0 || !d.pieces.empty() ? 0
                  : d.tensor   ? ckpt::sample_hash(d.src, d.nbytes())
                               : d.checksum);  // shards: no replicas
   hi = lo;
@@ -76,6 +76,7 @@ void agree_on_plan(Comm& comm, const ckpt::SavePlan& plan) {
 // dataset split between ranks, an empty one, a small one, or every tensor under verify_replicas): then every
 // rank hashed its own copy and the hashes must agree.
 constexpr int kEveryRank = -1;
+constexpr int kChained = -2;  // split in row pieces: chained_hashes computes the checksum
 std::vector<int> checksum_owners(const ckpt::SavePlan& plan, const std::vector<ckpt::Segment>& segments,
                                  const std::vector<int>& pieces, bool verify_replicas) {
   std::vector<int> owner(plan.datasets.size(), kEveryRank);
@@ -84,6 +85,7 @@ std::vector<int> checksum_owners(const ckpt::SavePlan& plan, const std::vector<c
       if (plan.datasets[s.index].tensor && pieces[s.index] == 1) owner[s.index] = s.rank;
   for (size_t i = 0; i < plan.datasets.size(); ++i)
     if (plan.datasets[i].owner >= 0) owner[i] = plan.datasets[i].owner;  // a shard: only its rank has the bytes
+    else if (!plan.datasets[i].pieces.empty()) owner[i] = kChained;
   return owner;
 }
 
@@ -176,14 +178,19 @@ void write_rows(hid_t ds, const DatasetPlan& d, uint64_t begin, uint64_t end, hi
   with_context("writing rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " + d.path, [&] {
     h5::Handle type = d.file_type();
     h5::Handle fspace = h5::dataspace(H5Dget_space(ds));
-    h5::Handle mspace = h5::make_space(d.shape);
     const uint64_t per = std::max<uint64_t>(1, d.row_bytes() ? ckpt::max_transfer_bytes() / d.row_bytes() : 1);
     const size_t calls = std::max<size_t>({min_calls, ckpt::transfer_count(d, begin, end), 1});
+    // The memory space is src's rows [src_row, src_row + held): all rows, or this rank's piece.
+    std::vector<int64_t> held = d.shape;
+    if (!held.empty() && !d.pieces.empty()) held[0] = static_cast<int64_t>(std::max<uint64_t>(end, d.src_row + 1) - d.src_row);
+    h5::Handle mspace = h5::make_space(held);
+    static const char kNothing = 0;  // a rank with no rows passes a valid pointer all the same
+    const void* src = d.src ? d.src : &kNothing;
     for (size_t i = 0; i < calls; ++i) {
       const uint64_t b = std::min(end, begin + i * per), e = std::min(end, b + per);
       ckpt::select_rows(fspace, d.shape, b, e);
-      ckpt::select_rows(mspace, d.shape, b, e);
-      H5DDP_CHECK_H5(H5Dwrite(ds, type, mspace, fspace, dxpl, d.src));
+      ckpt::select_rows(mspace, held, b - std::min(b, d.src_row), e - std::min(b, d.src_row));
+      H5DDP_CHECK_H5(H5Dwrite(ds, type, mspace, fspace, dxpl, src));
     }
   });
 }
@@ -405,7 +412,7 @@ std::string write_direct(SaveJob& job) {
       const haddr_t at = H5Dget_offset(job.dsets[s.index]);
       if (at == HADDR_UNDEF)
         throw CheckpointError(job.partial_path + ": HDF5 gave " + d.path + " no contiguous storage to write into");
-      extents.push_back({at + from, n, static_cast<const char*>(d.src) + from,
+      extents.push_back({at + from, n, static_cast<const char*>(d.src) + (s.row_begin - d.src_row) * d.row_bytes(),
                          d.path + " rows [" + std::to_string(s.row_begin) + ", " + std::to_string(s.row_end) + ")"});
     }
     bool mid_fault_checked = false;
@@ -439,9 +446,28 @@ void write_shares(SaveJob& job) {
   job.timer.mark("write");
 }
 
+// Collective. The checksums of the datasets split in row pieces (ckpt::chained_hashes): each becomes the hash of
+// the rank holding its last piece.
+void chain_piece_hashes(SaveJob& job, std::vector<uint64_t>& hashed) {
+  std::vector<ckpt::HashPiece> pieces;
+  for (const auto& s : job.segments) {
+    const DatasetPlan& d = job.plan.datasets[s.index];
+    if (d.pieces.empty()) continue;
+    const char* data = s.rank == job.rank ? static_cast<const char*>(d.src) + (s.row_begin - d.src_row) * d.row_bytes()
+                                          : nullptr;
+    pieces.push_back({s.index, s.rank, s.row_begin * d.row_bytes(), s.row_end * d.row_bytes(), data});
+    job.owner[s.index] = s.rank;  // segments are in row order: the last one holds the last piece
+  }
+  if (pieces.empty()) return;
+  for (const auto& [index, hash] : ckpt::chained_hashes(job.comm, std::move(pieces))) hashed[index] = hash;
+  job.timer.mark("chained-hashes");
+}
+
 // Phase "checksums" (collective): the tensors' checksums agreed from the hashes, written as attributes.
 void write_checksums(SaveJob& job) {
-  collect_checksums(job.comm, job.plan, job.owner, job.hasher->finish());
+  std::vector<uint64_t> hashed = job.hasher->finish();
+  chain_piece_hashes(job, hashed);
+  collect_checksums(job.comm, job.plan, job.owner, hashed);
   job.comm.rethrow_first(ckpt::checkpoint_error_of([&] {
     with_context("writing the checksums of " + job.partial_path, [&] {
       h5::SilenceErrors quiet;
