@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace h5ddp {
@@ -31,5 +32,13 @@ std::vector<BucketSpec> assign_buckets(const std::vector<size_t>& nbytes, const 
 // first, each to the rank with the fewest bytes so far (the lowest such rank on a tie), so the same sizes and
 // world always give the same owners. Ranks may own nothing when there are fewer tensors than ranks. Pure.
 std::vector<int> assign_shards(const std::vector<size_t>& nbytes, int world);
+
+// Element-range sharding (ZeRO-1/2, DdpOptions::shard): where one bucket's flattened elements are cut between
+// `world` ranks. The bucket holds tensors of numel[k] elements in rows of row_numel[k] elements (the product of
+// the dimensions after the first; 1 for vectors and scalars). Rank r owns elements [cuts[r], cuts[r + 1]) of
+// the bucket: each cut is r * total / world moved to the nearest row boundary of the tensor it falls in, so a
+// tensor splits between rows only (a row is the alignment unit), shares differ by at most a row of a split
+// tensor, and a rank owns nothing only when the bucket has fewer rows than ranks. Pure.
+std::vector<int64_t> split_bucket(const std::vector<int64_t>& numel, const std::vector<int64_t>& row_numel, int world);
 
 }  // namespace h5ddp

@@ -102,7 +102,8 @@ class Checkpointer {
   // with MPI-IO (h5ddp/mpi_comm.hpp; e.g. MpiComm::dup(MPI_COMM_WORLD)).
   Checkpointer(MpiComm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                CheckpointerOptions options = {});
-  // Collective. ZeRO-1: the optimizer of a ShardedOptimizer (options.shard_optimizer is set from it).
+  // Collective. ZeRO-1/2: the optimizer of a ShardedOptimizer (options.shard_optimizer is set from it); the
+  // state of parameters split between ranks is saved and loaded as row pieces of the one file's datasets.
   Checkpointer(MpiComm& comm, torch::nn::Module& model, ShardedOptimizer& optimizer, CheckpointerOptions options = {});
   // Waits for a background save (a committed checkpoint is never abandoned); never throws.
   ~Checkpointer();
@@ -168,6 +169,8 @@ class Checkpointer {
 
  private:
   struct Impl;
+  Checkpointer(MpiComm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+               CheckpointerOptions options, const ShardedOptimizer* sharded);
   ResumeInfo load_resumed(const std::string& path);
   TrainState export_state();
   void save_guarded(bool final_save);

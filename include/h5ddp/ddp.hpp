@@ -28,6 +28,17 @@ namespace h5ddp {
 // (complex, quantized, ...). One mapping for the ddp and train layers.
 std::optional<DType> dtype_of(torch::ScalarType t);
 
+// How much of the training state is split between ranks (ZeRO stages; docs/SHARDING.md). Each rank owns one
+// contiguous range of every bucket's flattened gradients (split_bucket: between rows of a tensor, so one tensor
+// may be split across ranks) and the optimizer state of those elements.
+enum class ShardStage {
+  kNone = 0,        // replicated: every rank holds everything (DDP)
+  kOptimizer = 1,   // ZeRO-1: optimizer state split; gradients reduce-scattered, full gradient buffers kept
+  kGradients = 2,   // ZeRO-2: + only this rank's range of the averaged gradients is kept
+  kParameters = 3,  // ZeRO-3: + parameters kept as shards, gathered per unit (not built: ConfigError)
+};
+const char* shard_stage_name(ShardStage s);  // "none", "optimizer", "gradients", "parameters"
+
 struct DdpOptions {
   size_t first_bucket_bytes = kFirstBucketBytes;
   size_t bucket_cap_bytes = kBucketBytesCap;
@@ -45,12 +56,25 @@ struct DdpOptions {
   // bf16 before the sum, as PyTorch's bf16 compression hook does) and are widened back before averaging. CPU
   // buckets keep their dtype: MPI has no bfloat16 sum.
   bool reduce_bf16 = false;
-  // ZeRO-1: each parameter's optimizer state lives on one rank (assign_shards: whole parameters, balanced by
-  // bytes). finish_backward reduce-scatters each bucket instead of allreducing it: afterwards the parameters
-  // this rank owns hold the averaged gradient and the others' .grad is zero. Build the optimizer over
-  // owned_parameters() only and call gather_parameters() after every optimizer.step(). Checkpoint with
-  // CheckpointerOptions::shard_optimizer. reduce_bf16 does not apply to sharded buckets.
-  bool shard_optimizer = false;
+  // Sharding (ShardStage). finish_backward reduce-scatters each bucket instead of allreducing it: afterwards
+  // this rank's pieces (owned_pieces(): row ranges of parameters) hold the averaged gradient. Build the optimizer
+  // over owned_parameters() (ShardedOptimizer does) and call gather_parameters() after every optimizer.step().
+  // Stage 1 keeps every bucket's full gradient buffer (the parameters' .grad, zero outside this rank's range);
+  // stage 2 frees each bucket once its reduction is done, so only this rank's range of the gradients stays
+  // (the parameters' .grad is undefined after finish_backward). reduce_bf16 does not apply to sharded buckets.
+  ShardStage shard = ShardStage::kNone;
+  bool shard_optimizer = false;  // the same as shard = kOptimizer (when shard is kNone)
+  ShardStage stage() const { return shard != ShardStage::kNone ? shard : shard_optimizer ? ShardStage::kOptimizer : shard; }
+  bool sharded() const { return stage() != ShardStage::kNone; }
+};
+
+// A row range of a synchronised parameter that this rank owns under sharding. `tensor` aliases those rows of
+// the parameter's storage (not an autograd view: the optimizer steps it in place, and so the parameter) and its
+// .grad aliases this rank's averaged gradient of them; the optimizer holds these tensors.
+struct OwnedPiece {
+  size_t index = 0;  // into DistributedDataParallel::parameters()
+  int64_t row_begin = 0, row_end = 0;
+  torch::Tensor tensor;
 };
 
 class DistributedDataParallel {
@@ -104,13 +128,12 @@ class DistributedDataParallel {
   const std::vector<std::string>& parameter_names() const { return param_names_; }
   const std::vector<BucketSpec>& buckets() const { return buckets_; }
 
-  // shard_optimizer: the rank owning each parameter (index as parameters()); all 0 on one rank. Without it, empty.
-  const std::vector<int>& parameter_owners() const { return owners_; }
-  // The parameters this rank's optimizer steps: with shard_optimizer the ones it owns (possibly none), else all.
+  // Sharded: this rank's pieces, in bucket order (none when the model has fewer rows than ranks); else empty.
+  const std::vector<OwnedPiece>& owned_pieces() const { return pieces_; }
+  // What this rank's optimizer steps: sharded, the pieces' tensors (possibly none); else the parameters.
   std::vector<torch::Tensor> owned_parameters() const;
-  // Collective, shard_optimizer only, after optimizer.step(): every rank receives the parameters the other
-  // ranks updated (one allgatherv per bucket). The gradient buckets serve as its buffer, so afterwards every
-  // parameter's .grad is zero, as after zero_grad().
+  // Collective, sharded only, after optimizer.step(): every rank receives the elements the other ranks updated
+  // (one allgatherv per bucket). Afterwards every gradient this rank holds is zero, as after zero_grad().
   void gather_parameters();
 
   // Collective, after finish_backward (outside no_sync). Clips the global L2 norm of the averaged gradients to
@@ -169,7 +192,11 @@ class DistributedDataParallel {
   std::vector<torch::Tensor> buffers_;
   std::vector<BucketSpec> buckets_;
   std::vector<std::unique_ptr<Bucket>> bucket_state_;
-  std::vector<int> owners_;                // shard_optimizer: param -> owning rank
+  std::vector<int64_t> param_offset_;      // param -> first element in its bucket
+  std::vector<OwnedPiece> pieces_;         // sharded: this rank's row ranges
+  void build_pieces();
+  void ensure_buffer(size_t b);            // stage 2: the bucket's buffer (and its slots) for this step
+  void release_bucket(size_t b);           // stage 2: this rank's averaged range kept, the buffer freed
   std::vector<size_t> param_bucket_;       // param -> bucket index
   std::vector<torch::Tensor> param_slot_;  // param -> view into its bucket buffer, shaped like the param
   std::vector<uint8_t> ready_;             // param -> hook fired in this step

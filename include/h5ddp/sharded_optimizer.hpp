@@ -1,9 +1,10 @@
-// ZeRO-1 as a wrapper of the optimizer (PyTorch's ZeroRedundancyOptimizer plays the same part): each rank's
-// optimizer holds the state (Adam's moments, SGD's momentum) of the parameters that rank owns only, and step()
-// steps those and gathers every rank's updated parameters, so the model is whole again on every rank.
+// ZeRO-1/2 as a wrapper of the optimizer (PyTorch's ZeroRedundancyOptimizer plays the same part): each rank's
+// optimizer holds the state (Adam's moments, SGD's momentum) of the elements that rank owns only (row ranges of
+// parameters, DistributedDataParallel::owned_pieces: a large matrix is split between ranks), and step() steps
+// those and gathers every rank's updated elements, so the model is whole again on every rank.
 //
 //   h5ddp::DdpOptions o;
-//   o.shard_optimizer = true;                          // DDP reduce-scatters: each rank gets its owned gradients
+//   o.shard = h5ddp::ShardStage::kGradients;          // DDP reduce-scatters: each rank keeps its range only
 //   h5ddp::DistributedDataParallel ddp(comm, *model, o);
 //   h5ddp::ShardedOptimizer opt(ddp, [](std::vector<torch::Tensor> p) {
 //     return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-3));
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "h5ddp/ddp.hpp"
+#include "h5ddp/torch_state.hpp"
 
 namespace h5ddp {
 
@@ -29,9 +31,9 @@ class ShardedOptimizer {
  public:
   using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor> parameters)>;
 
-  // Local. Builds this rank's optimizer with `make` over the parameters this rank owns
+  // Local. Builds this rank's optimizer with `make` over the pieces this rank owns
   // (DistributedDataParallel::owned_parameters(), possibly none). Throws ConfigError unless `ddp` was built with
-  // DdpOptions::shard_optimizer, or when `make` returns null. `ddp` must outlive this object.
+  // DdpOptions::shard, or when `make` returns null. `ddp` must outlive this object.
   ShardedOptimizer(DistributedDataParallel& ddp, const Factory& make);
 
   // Collective (every rank of the DDP's comm): steps this rank's parameters with their averaged gradients, then
@@ -46,6 +48,8 @@ class ShardedOptimizer {
   // This rank's optimizer (its state: the owned parameters' only; its param_groups: the owned parameters).
   torch::optim::Optimizer& local() { return *local_; }
   DistributedDataParallel& ddp() { return ddp_; }
+  // The tensors local() holds, as pieces of the model's parameters (for the Checkpointer).
+  std::vector<ParamPiece> pieces() const;
 
  private:
   DistributedDataParallel& ddp_;

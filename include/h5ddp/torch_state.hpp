@@ -16,14 +16,25 @@ namespace h5ddp {
 DType to_dtype(torch::ScalarType t);
 torch::ScalarType to_scalar_type(DType t);
 
+// A row range of a model parameter that an optimizer steps as a tensor of its own (element-range sharding:
+// DistributedDataParallel::owned_pieces). `tensor` is what the optimizer holds; its state is the state of rows
+// [row_begin, row_end) of parameter `name`, exported as those rows of the parameter-shaped tensor.
+struct ParamPiece {
+  std::string name;
+  int64_t row_begin = 0, row_end = 0;
+  torch::Tensor tensor;
+};
+
 class TorchStateBinding {
  public:
   // `optimizer_type` is "adam", "adamw" or "sgd" and must match the optimizer's class. The model and
   // optimizer must outlive the binding; every optimizer parameter must be a parameter of the model.
   // `sharded` (ZeRO-1): the optimizer holds only this rank's parameters; exported state is marked
   // OptimizerState::sharded and an import allocates state only for the parameters the optimizer holds.
+  // `pieces`: tensors the optimizer holds in place of parameters (their rows); the state of a piece that covers
+  // only some rows is exported and imported as TensorRef row pieces.
   TorchStateBinding(torch::nn::Module& model, torch::optim::Optimizer& optimizer, std::string optimizer_type,
-                    bool sharded = false);
+                    bool sharded = false, std::vector<ParamPiece> pieces = {});
 
   // Local. Fills state.model, state.optimizer (type, groups, per-parameter state) and state.rng with
   // views of the current values. The views stay valid until the next optimizer step or import.
@@ -49,8 +60,16 @@ class TorchStateBinding {
     torch::Tensor target;  // model/optimizer tensor
     torch::Tensor host;    // contiguous CPU copy that the TensorRef points into
   };
+  // What the optimizer holds for one parameter: the parameter itself, or a piece of it (row_end >= 0).
+  struct Held {
+    std::string name;
+    torch::Tensor key;
+    int64_t row_begin = 0, row_end = -1;
+  };
   TensorRef view(const std::string& name, torch::Tensor t);
-  std::string param_name(const torch::Tensor& p) const;
+  TensorRef held_view(const Held& h, const std::string& name, torch::Tensor t);
+  const Held& held_of(const torch::Tensor& p) const;
+  const Held* held_named(const std::string& name) const;
   void export_optimizer(OptimizerState& out);
 
   torch::nn::Module& model_;
@@ -58,7 +77,7 @@ class TorchStateBinding {
   std::string type_;
   bool sharded_ = false;
   std::vector<std::pair<std::string, torch::Tensor>> params_, buffers_;
-  std::vector<std::string> held_;  // sharded: names of the parameters the optimizer holds
+  std::vector<Held> held_;  // what the optimizer holds, in the model's order
   std::vector<Staged> staged_;
   std::vector<int64_t> steps_;            // Adam step counters (int64 in LibTorch) during save/load
   std::vector<std::string> step_params_;  // their parameter names

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "checkpoint/checkpoint_internal.hpp"
 #include "checkpoint/checkpoint_rules.hpp"
@@ -78,6 +79,13 @@ std::string shard_coverage(Comm& comm, const std::vector<TensorRef>& refs, const
   if (!mine.empty()) comm.allgather(mine.data(), all.data(), mine.size(), DType::kI64);
   std::string out;
   pieces.assign(found.size(), {});
+  // (parameter, rank) where the rank loads rows of the parameter's state: there a whole entry of the same
+  // parameter (Adam's step) may be loaded by several ranks; anywhere else that is an overlap.
+  auto param_of = [](const std::string& entry) { return entry.substr(0, entry.rfind('/')); };
+  std::set<std::pair<std::string, int>> split;
+  for (size_t i = 0; i < found.size(); ++i)
+    for (int r = 0; r < comm.size(); ++r)
+      if (all[(static_cast<size_t>(r) * found.size() + i) * 3] == 2) split.emplace(param_of(found[i].name), r);
   for (size_t i = 0; i < found.size(); ++i) {
     const std::string path = std::string(format::kOptimizerStateGroup) + "/" + found[i].name;
     std::vector<ckpt::Segment> listed;
@@ -91,6 +99,11 @@ std::string shard_coverage(Comm& comm, const std::vector<TensorRef>& refs, const
     if (listed.empty())
       out +=
           "\n  not in the optimizer state of any rank: " + path + " (" + describe(found[i].dtype, found[i].shape) + ")";
+    size_t shared = 0;  // ranks loading this whole entry that hold no rows of its parameter
+    for (const auto& s : listed) shared += split.count({param_of(found[i].name), s.rank}) ? 0 : 1;
+    if (!any_piece && listed.size() > 1 && shared > 0)
+      out += "\n  " + path + " would be loaded by " + std::to_string(listed.size()) +
+             " ranks (their optimizer shards overlap)";
     if (!any_piece) continue;
     const int64_t rows = found[i].shape.empty() ? 1 : found[i].shape[0];
     out += ckpt::piece_coverage(path, rows, listed);

@@ -324,11 +324,20 @@ void parse_shard(const std::string& text, int r, int rank, const OptimizerState&
 // their ranks' pieces, which must tile the tensor.
 void place_entries(ShardListing& listing, std::vector<ShardPlacement>& placement) {
   placement.clear();
+  auto param_of = [](const std::string& entry) { return entry.substr(0, entry.rfind('/')); };
+  std::set<std::pair<std::string, int>> split;  // (parameter, rank) where the rank holds rows of its state
+  for (const auto& e : listing.entries)
+    if (e.any_piece)
+      for (const Segment& s : e.listed) split.emplace(param_of(e.ref.name), s.rank);
   for (auto& e : listing.entries) {
     ShardPlacement p;
     if (!e.any_piece) {
       p.owner = e.listed.front().rank;
       for (const Segment& s : e.listed) p.owner = std::min(p.owner, s.rank);
+      for (const Segment& s : e.listed)  // held twice: only a split parameter's whole state (Adam's step) may be
+        if (s.rank != p.owner && !(split.count({param_of(e.ref.name), s.rank}) && split.count({param_of(e.ref.name), p.owner})))
+          listing.problems +=
+              "\n    " + e.ref.name + " is held by ranks " + std::to_string(p.owner) + " and " + std::to_string(s.rank);
     } else {
       listing.problems += piece_coverage(e.ref.name, e.ref.rows(), e.listed);
       p.pieces = e.listed;

@@ -66,4 +66,25 @@ std::vector<int> assign_shards(const std::vector<size_t>& nbytes, int world) {
   return owner;
 }
 
+std::vector<int64_t> split_bucket(const std::vector<int64_t>& numel, const std::vector<int64_t>& row_numel, int world) {
+  int64_t total = 0;
+  for (int64_t n : numel) total += n;
+  std::vector<int64_t> cuts(static_cast<size_t>(world) + 1, total);
+  cuts[0] = 0;
+  size_t k = 0;
+  int64_t start = 0;  // first element of tensor k
+  for (int r = 1; r < world; ++r) {
+    const int64_t ideal = static_cast<int64_t>((static_cast<__int128>(total) * r) / world);
+    while (k < numel.size() && start + numel[k] <= ideal) start += numel[k++];
+    int64_t at = total;
+    if (k < numel.size()) {
+      const int64_t row = std::max<int64_t>(1, row_numel[k]);
+      const int64_t rows_in = (ideal - start + row / 2) / row;  // nearest row boundary
+      at = start + std::min(rows_in * row, numel[k]);
+    }
+    cuts[r] = std::max(cuts[r - 1], at);
+  }
+  return cuts;
+}
+
 }  // namespace h5ddp

@@ -105,12 +105,29 @@ std::optional<DType> dtype_of(torch::ScalarType t) {
   }
 }
 
+const char* shard_stage_name(ShardStage s) {
+  switch (s) {
+    case ShardStage::kNone:
+      return "none";
+    case ShardStage::kOptimizer:
+      return "optimizer";
+    case ShardStage::kGradients:
+      return "gradients";
+    case ShardStage::kParameters:
+      return "parameters";
+  }
+  return "?";
+}
+
 struct DistributedDataParallel::Bucket {
-  torch::Tensor buffer;  // flat; the last bucket has one extra trailing element (see finish_backward)
+  torch::Tensor buffer;  // flat; the last bucket has one extra trailing element (see finish_backward); stage 2:
+                         // allocated for a step and freed once its reduction is done (ensure_buffer)
+  torch::Tensor shard_grad;  // stage 2: this rank's range of the averaged gradients (own_count elements)
+  bool released = false;     // stage 2: this step's reduction done and copied into shard_grad
   torch::Tensor wire;    // DdpOptions::reduce_bf16: the bfloat16 copy being reduced (undefined otherwise)
   int64_t grad_numel = 0;
-  std::vector<size_t> counts;  // shard_optimizer: elements of each rank's segment (params sorted by owner)
-  int64_t own_offset = 0;      // shard_optimizer: this rank's segment
+  std::vector<size_t> counts;  // sharded: elements of each rank's range (split_bucket)
+  int64_t own_offset = 0;      // sharded: this rank's range
   int64_t own_count = 0;
   size_t pending = 0;  // parameters whose gradient is not ready yet in this step
   std::unique_ptr<Work> work;
@@ -162,6 +179,9 @@ std::string DistributedDataParallel::local_model_problem() const {
   for (const auto& b : buffers_) has_cuda = has_cuda || b.is_cuda();
   if (has_cuda && options_.device_comm == nullptr)
     local_error = "DDP: the module has CUDA tensors but DdpOptions::device_comm (an NcclComm) is not set";
+  if (options_.stage() == ShardStage::kParameters)
+    local_error =
+        "DDP: shard stage 3 (parameters) is not built yet; use ShardStage::kGradients (ZeRO-2) or kOptimizer";
   if (options_.device_comm && options_.device_comm->size() != comm_.size())
     local_error = "DDP: device_comm has " + std::to_string(options_.device_comm->size()) + " ranks, comm has " +
                   std::to_string(comm_.size());
@@ -179,7 +199,7 @@ std::vector<std::string> DistributedDataParallel::model_signature() const {
                     " bucket_cap_bytes=" + std::to_string(options_.bucket_cap_bytes) +
                     " broadcast_buffers=" + std::to_string(options_.broadcast_buffers) +
                     " find_unused_parameters=" + std::to_string(options_.find_unused_parameters) +
-                    " shard_optimizer=" + std::to_string(options_.shard_optimizer));
+                    " shard=" + shard_stage_name(options_.stage()));
   for (size_t i = 0; i < params_.size(); ++i) {
     std::ostringstream s;
     s << "parameter '" << param_names_[i] << "' " << dtype_name(to_dtype(params_[i].scalar_type()))
@@ -247,42 +267,36 @@ void DistributedDataParallel::build_buckets() {
     nbytes.push_back(p.nbytes());
   }
   buckets_ = assign_buckets(nbytes, group, options_.first_bucket_bytes, options_.bucket_cap_bytes);
-  if (options_.shard_optimizer) {
-    // Each bucket's parameters laid out by owner, so that every rank's share of the bucket is one segment.
-    owners_ = assign_shards(nbytes, comm_.size());
-    for (auto& spec : buckets_)
-      std::stable_sort(spec.params.begin(), spec.params.end(),
-                       [&](size_t a, size_t b) { return owners_[a] < owners_[b]; });
-  }
 
   param_bucket_.assign(params_.size(), 0);
+  param_offset_.assign(params_.size(), 0);
   param_slot_.assign(params_.size(), torch::Tensor());
   ready_.assign(params_.size(), 0);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     auto st = std::make_unique<Bucket>();
     const auto& first = params_[buckets_[b].params.front()];
-    for (size_t i : buckets_[b].params) st->grad_numel += params_[i].numel();
-    const bool last = b + 1 == buckets_.size();
-    st->buffer = torch::zeros({st->grad_numel + (last ? 1 : 0)}, first.options().requires_grad(false));
-    st->comm = &comm_for(first.device());
-    if (options_.shard_optimizer) {
-      st->counts.assign(comm_.size(), 0);
-      for (size_t i : buckets_[b].params) st->counts[owners_[i]] += params_[i].numel();
-      for (int r = 0; r < comm_.rank(); ++r) st->own_offset += static_cast<int64_t>(st->counts[r]);
-      st->own_count = static_cast<int64_t>(st->counts[comm_.rank()]);
-    }
-    int64_t off = 0;
+    std::vector<int64_t> numel, row_numel;
     for (size_t i : buckets_[b].params) {
       param_bucket_[i] = b;
-      // An alias of the bucket's storage, not an autograd view: optimizers' zero_grad() calls detach_() on
-      // .grad, which LibTorch refuses for views.
-      param_slot_[i] =
-          torch::empty({0}, st->buffer.options())
-              .set_(st->buffer.storage(), off, params_[i].sizes(), c10::contiguous_strides(params_[i].sizes()));
-      off += params_[i].numel();
+      param_offset_[i] = st->grad_numel;
+      st->grad_numel += params_[i].numel();
+      numel.push_back(params_[i].numel());
+      row_numel.push_back(params_[i].dim() == 0 || params_[i].size(0) == 0 ? 1
+                                                                            : params_[i].numel() / params_[i].size(0));
     }
+    st->comm = &comm_for(first.device());
+    if (options_.sharded()) {
+      const std::vector<int64_t> cuts = split_bucket(numel, row_numel, comm_.size());
+      for (int r = 0; r < comm_.size(); ++r) st->counts.push_back(static_cast<size_t>(cuts[r + 1] - cuts[r]));
+      st->own_offset = cuts[comm_.rank()];
+      st->own_count = cuts[comm_.rank() + 1] - cuts[comm_.rank()];
+    }
+    if (options_.stage() == ShardStage::kGradients)
+      st->shard_grad = torch::zeros({st->own_count}, first.options().requires_grad(false));
     bucket_state_.push_back(std::move(st));
+    if (options_.stage() != ShardStage::kGradients) ensure_buffer(b);
   }
+  if (options_.sharded()) build_pieces();
 
   accumulators_.resize(params_.size());
   hook_keys_.resize(params_.size());
@@ -292,6 +306,67 @@ void DistributedDataParallel::build_buckets() {
     H5DDP_CHECK(accumulators_[i] != nullptr, "DDP: parameter '" + param_names_[i] + "' has no grad accumulator");
     hook_keys_[i] = accumulators_[i]->add_post_hook(std::make_unique<GradReadyHook>(this, i));
   }
+}
+
+namespace {
+// A tensor of `shape` over `storage` from element `offset` on: an alias, not an autograd view (optimizers'
+// zero_grad() calls detach_() on .grad, which LibTorch refuses for views).
+torch::Tensor alias(const torch::Tensor& base, int64_t offset, c10::IntArrayRef shape) {
+  return torch::empty({0}, base.options().requires_grad(false))
+      .set_(base.storage(), base.storage_offset() + offset, shape, c10::contiguous_strides(shape));
+}
+}  // namespace
+
+void DistributedDataParallel::ensure_buffer(size_t b) {
+  Bucket& st = *bucket_state_[b];
+  if (st.buffer.defined()) return;
+  const bool last = b + 1 == buckets_.size();
+  st.buffer = torch::zeros({st.grad_numel + (last ? 1 : 0)},
+                           params_[buckets_[b].params.front()].options().requires_grad(false));
+  for (size_t i : buckets_[b].params) param_slot_[i] = alias(st.buffer, param_offset_[i], params_[i].sizes());
+}
+
+void DistributedDataParallel::build_pieces() {
+  const int rank = comm_.rank();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& st = *bucket_state_[b];
+    const int64_t own_begin = st.own_offset, own_end = st.own_offset + st.own_count;
+    for (size_t i : buckets_[b].params) {
+      const torch::Tensor& p = params_[i];
+      if (!p.is_contiguous())
+        throw ConfigError("DDP: sharding needs contiguous parameters; '" + param_names_[i] + "' is not");
+      const int64_t lo = std::max(own_begin, param_offset_[i]), hi = std::min(own_end, param_offset_[i] + p.numel());
+      if (hi <= lo) continue;
+      const int64_t row = p.dim() == 0 || p.size(0) == 0 ? 1 : p.numel() / p.size(0);
+      OwnedPiece piece;
+      piece.index = i;
+      piece.row_begin = (lo - param_offset_[i]) / row;
+      piece.row_end = (hi - param_offset_[i]) / row;
+      std::vector<int64_t> shape = p.sizes().vec();
+      if (!shape.empty()) shape[0] = piece.row_end - piece.row_begin;
+      piece.tensor = alias(p, piece.row_begin * row, shape);
+      piece.tensor.mutable_grad() = options_.stage() == ShardStage::kGradients ? alias(st.shard_grad, lo - own_begin, shape)
+                                                                               : alias(st.buffer, lo, shape);
+      pieces_.push_back(std::move(piece));
+    }
+  }
+  (void)rank;
+}
+
+void DistributedDataParallel::release_bucket(size_t b) {
+  Bucket& st = *bucket_state_[b];
+  if (st.released) return;
+  if (st.work) {
+    st.work->wait();
+    st.work.reset();
+  }
+  if (st.own_count > 0) {
+    st.shard_grad.copy_(st.buffer.narrow(0, st.own_offset, st.own_count));
+    if (comm_.size() > 1) st.shard_grad.div_(static_cast<double>(comm_.size()));
+  }
+  st.buffer = torch::Tensor();
+  for (size_t i : buckets_[b].params) param_slot_[i] = torch::Tensor();
+  st.released = true;
 }
 
 void DistributedDataParallel::prepare_forward() {
@@ -305,7 +380,10 @@ void DistributedDataParallel::prepare_forward() {
     stats_.broadcast_seconds += seconds_since(t0);
   }
   std::fill(ready_.begin(), ready_.end(), 0);
-  for (size_t b = 0; b < buckets_.size(); ++b) bucket_state_[b]->pending = buckets_[b].params.size();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    bucket_state_[b]->pending = buckets_[b].params.size();
+    bucket_state_[b]->released = false;
+  }
   next_launch_ = 0;
   armed_ = true;
 }
@@ -328,6 +406,9 @@ void DistributedDataParallel::on_grad_ready(size_t index) {
     throw ConfigError("DDP: the gradient of '" + param_names_[index] +
                       "' was produced twice in one step (two backward passes?); call finish_backward "
                       "after each backward, or use no_sync() for gradient accumulation");
+  const size_t b = param_bucket_[index];
+  const bool stage2 = options_.stage() == ShardStage::kGradients;
+  if (stage2) ensure_buffer(b);
   const torch::Tensor& grad = params_[index].grad();
   const torch::Tensor& slot = param_slot_[index];
   if (!grad.defined()) {
@@ -337,8 +418,8 @@ void DistributedDataParallel::on_grad_ready(size_t index) {
     // After the first synchronised step .grad is a view of the bucket, so accumulation already put it there.
     if (!grad.is_same(slot) && grad.data_ptr() != slot.data_ptr()) slot.copy_(grad);
   }
+  if (stage2) params_[index].mutable_grad() = torch::Tensor();  // the full gradient is not kept (ZeRO-2)
   ready_[index] = 1;
-  const size_t b = param_bucket_[index];
   --bucket_state_[b]->pending;
   if (bucket_state_[b]->pending == 0) launch_ready_buckets(/*from_hook=*/true);
   drive_progress();
@@ -347,6 +428,9 @@ void DistributedDataParallel::on_grad_ready(size_t index) {
 void DistributedDataParallel::launch_ready_buckets(bool from_hook) {
   // Strictly in bucket order, so the asynchronous allreduces match across ranks.
   while (next_launch_ < buckets_.size() && bucket_state_[next_launch_]->pending == 0) launch(next_launch_++, from_hook);
+  // ZeRO-2: at most two buckets' buffers in flight; older ones are waited for, kept as this rank's range, freed.
+  if (options_.stage() == ShardStage::kGradients)
+    for (size_t b = 0; b + 2 < next_launch_; ++b) release_bucket(b);
 }
 
 void DistributedDataParallel::launch(size_t b, bool from_hook) {
@@ -357,7 +441,7 @@ void DistributedDataParallel::launch(size_t b, bool from_hook) {
   ++stats_.buckets_launched;
   if (from_hook) ++stats_.buckets_launched_in_backward;
   if (st.comm->size() == 1) return;  // nothing to average with; the bucket already holds the result
-  if (options_.shard_optimizer) {
+  if (options_.sharded()) {
     st.work = st.comm->reduce_scatter_async(st.buffer.data_ptr(), st.counts, to_dtype(st.buffer.scalar_type()),
                                             ReduceOp::kSum);
     stats_.bytes_reduced += static_cast<size_t>(st.grad_numel) * st.buffer.element_size();
@@ -402,7 +486,7 @@ void DistributedDataParallel::finish_backward() {
   stats_.finish_seconds += seconds_since(t0);
   // Checked last, so that even after this error every .grad holds the step's average (usable state).
   if (!options_.find_unused_parameters && !buckets_.empty()) {
-    if (!options_.shard_optimizer) {
+    if (!options_.sharded()) {
       Bucket& last = *bucket_state_.back();
       total_unused = last.buffer.narrow(0, last.grad_numel, 1).item<double>();
     }
@@ -416,6 +500,7 @@ std::vector<size_t> DistributedDataParallel::flush_unused() {
   for (size_t b = next_launch_; b < buckets_.size(); ++b)
     for (size_t i : buckets_[b].params)
       if (!ready_[i]) {
+        if (options_.stage() == ShardStage::kGradients) ensure_buffer(b);
         unused.push_back(i);
         const torch::Tensor& grad = params_[i].grad();
         if (!grad.defined())
@@ -428,6 +513,7 @@ std::vector<size_t> DistributedDataParallel::flush_unused() {
   // The last bucket carries one extra element: the number of unused parameters on this rank. Its sum tells
   // every rank, with no extra collective, whether any rank has unused parameters.
   if (next_launch_ < buckets_.size()) {
+    if (options_.stage() == ShardStage::kGradients) ensure_buffer(buckets_.size() - 1);
     Bucket& last = *bucket_state_.back();
     last.buffer.narrow(0, last.grad_numel, 1).fill_(static_cast<double>(unused.size()));
   }
@@ -437,6 +523,8 @@ std::vector<size_t> DistributedDataParallel::flush_unused() {
 
 double DistributedDataParallel::wait_for_reductions(size_t unused_here, Work* used_work) {
   const auto tw = Clock::now();
+  if (options_.stage() == ShardStage::kGradients)
+    for (size_t b = 0; b < buckets_.size(); ++b) release_bucket(b);
   for (auto& st : bucket_state_) {
     if (!st->work) continue;
     st->work->wait();
@@ -449,7 +537,7 @@ double DistributedDataParallel::wait_for_reductions(size_t unused_here, Work* us
   if (used_work) used_work->wait();
   // Sharded buckets carry only gradients: the unused-parameter count travels in its own small allreduce.
   double total_unused = 0;
-  if (options_.shard_optimizer && !buckets_.empty()) {
+  if (options_.sharded() && !buckets_.empty()) {
     total_unused = static_cast<double>(unused_here);
     if (comm_.size() > 1) comm_.allreduce(&total_unused, 1, DType::kF64, ReduceOp::kSum);
   }
@@ -459,7 +547,8 @@ double DistributedDataParallel::wait_for_reductions(size_t unused_here, Work* us
 
 void DistributedDataParallel::average_gradients() {
   const double world = comm_.size();
-  if (world > 1 && options_.shard_optimizer) {
+  if (options_.stage() == ShardStage::kGradients) return;  // release_bucket averaged this rank's range
+  if (world > 1 && options_.sharded()) {
     // This rank's segment holds the sum over ranks; the rest holds this rank's own gradients: zeroed, so that
     // the next backward accumulates from zero and no stale gradient is mistaken for an average.
     for (auto& st : bucket_state_) {
@@ -473,6 +562,7 @@ void DistributedDataParallel::average_gradients() {
 }
 
 void DistributedDataParallel::point_grads_at_buckets(const torch::Tensor& used_map) {
+  if (options_.stage() == ShardStage::kGradients) return;  // ZeRO-2 keeps no full gradients
   for (size_t i = 0; i < params_.size(); ++i) {
     torch::Tensor& grad = params_[i].mutable_grad();
     if (used_map.defined() && used_map[static_cast<int64_t>(i)].item<int32_t>() == 0 && !grad.defined()) continue;
@@ -482,10 +572,9 @@ void DistributedDataParallel::point_grads_at_buckets(const torch::Tensor& used_m
 }
 
 std::vector<torch::Tensor> DistributedDataParallel::owned_parameters() const {
-  if (!options_.shard_optimizer) return params_;
+  if (!options_.sharded()) return params_;
   std::vector<torch::Tensor> out;
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (owners_[i] == comm_.rank()) out.push_back(params_[i]);
+  for (const auto& piece : pieces_) out.push_back(piece.tensor);
   return out;
 }
 
@@ -499,7 +588,7 @@ double DistributedDataParallel::clip_grad_norm(double max_norm) {
   std::vector<torch::Tensor> norms;
   for (const torch::Tensor& g : grads) norms.push_back(torch::norm(g, 2));
   double total = 0;
-  if (options_.shard_optimizer) {  // this rank's squared share, summed over ranks: the sum is already agreed
+  if (options_.sharded()) {  // this rank's squared share, summed over ranks: the sum is already agreed
     double squares = norms.empty() ? 0.0 : torch::stack(norms).to(torch::kDouble).pow(2).sum().item<double>();
     comm_.allreduce(&squares, 1, DType::kF64, ReduceOp::kSum);
     total = std::sqrt(squares);
@@ -520,21 +609,31 @@ double DistributedDataParallel::clip_grad_norm(double max_norm) {
 }
 
 void DistributedDataParallel::gather_parameters() {
-  H5DDP_CHECK(options_.shard_optimizer, "DDP: gather_parameters needs DdpOptions::shard_optimizer");
+  H5DDP_CHECK(options_.sharded(), "DDP: gather_parameters needs DdpOptions::shard");
   H5DDP_CHECK(!armed_ || next_launch_ == 0, "DDP: gather_parameters while gradient buckets are in flight");
   const auto t0 = Clock::now();
   torch::NoGradGuard no_grad;
-  const int rank = comm_.rank();
+  const bool stage2 = options_.stage() == ShardStage::kGradients;
+  size_t next_piece = 0;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& st = *bucket_state_[b];
     if (st.comm->size() > 1) {
+      // Stage 1 gathers through the bucket (its gradients are spent); stage 2 through a buffer of one bucket.
+      torch::Tensor buf = stage2 ? torch::empty({st.grad_numel}, st.shard_grad.options()) : st.buffer;
+      for (; next_piece < pieces_.size() && param_bucket_[pieces_[next_piece].index] == b; ++next_piece) {
+        const OwnedPiece& piece = pieces_[next_piece];
+        const int64_t row = params_[piece.index].numel() / std::max<int64_t>(1, params_[piece.index].dim() ? params_[piece.index].size(0) : 1);
+        buf.narrow(0, param_offset_[piece.index] + piece.row_begin * row, piece.tensor.numel())
+            .copy_(piece.tensor.reshape(-1));
+      }
+      st.comm->allgatherv(buf.data_ptr(), st.counts, to_dtype(buf.scalar_type()));
       for (size_t i : buckets_[b].params)
-        if (owners_[i] == rank) param_slot_[i].copy_(params_[i].detach());
-      st.comm->allgatherv(st.buffer.data_ptr(), st.counts, to_dtype(st.buffer.scalar_type()));
-      for (size_t i : buckets_[b].params)
-        if (owners_[i] != rank) params_[i].detach().copy_(param_slot_[i]);
+        params_[i].detach().view(-1).copy_(buf.narrow(0, param_offset_[i], params_[i].numel()));
     }
-    st.buffer.zero_();
+    if (stage2)
+      st.shard_grad.zero_();
+    else
+      st.buffer.zero_();
   }
   stats_.gather_seconds += seconds_since(t0);
 }

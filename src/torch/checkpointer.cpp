@@ -88,8 +88,8 @@ struct Snapshot {
 };
 
 struct Checkpointer::Impl {
-  Impl(torch::nn::Module& m, torch::optim::Optimizer& o, bool sharded)
-      : model(m), optimizer(o), type(optimizer_type_of(o)), binding(m, o, type, sharded) {}
+  Impl(torch::nn::Module& m, torch::optim::Optimizer& o, bool sharded, std::vector<ParamPiece> pieces)
+      : model(m), optimizer(o), type(optimizer_type_of(o)), binding(m, o, type, sharded, std::move(pieces)) {}
 
   torch::nn::Module& model;
   torch::optim::Optimizer& optimizer;
@@ -202,9 +202,14 @@ struct Checkpointer::Impl {
 
 Checkpointer::Checkpointer(MpiComm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                            CheckpointerOptions options)
+    : Checkpointer(comm, model, optimizer, std::move(options), nullptr) {}
+
+Checkpointer::Checkpointer(MpiComm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                           CheckpointerOptions options, const ShardedOptimizer* sharded)
     : comm_(comm),
       options_(std::move(options)),
-      impl_(std::make_unique<Impl>(model, optimizer, options_.shard_optimizer)) {
+      impl_(std::make_unique<Impl>(model, optimizer, options_.shard_optimizer,
+                                   sharded ? sharded->pieces() : std::vector<ParamPiece>{})) {
   std::error_code ec;
   std::filesystem::create_directories(options_.run_dir, ec);
   comm_.raise_if_any(std::filesystem::is_directory(options_.run_dir)
@@ -226,7 +231,7 @@ CheckpointerOptions sharded(CheckpointerOptions options) {
 
 Checkpointer::Checkpointer(MpiComm& comm, torch::nn::Module& model, ShardedOptimizer& optimizer,
                            CheckpointerOptions options)
-    : Checkpointer(comm, model, optimizer.local(), sharded(std::move(options))) {}
+    : Checkpointer(comm, model, optimizer.local(), sharded(std::move(options)), &optimizer) {}
 
 Checkpointer::~Checkpointer() {
   impl_->async.reset();  // waits for a save in flight; logs, never throws

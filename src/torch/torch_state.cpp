@@ -95,14 +95,56 @@ torch::Tensor* adam_tensor(torch::optim::OptimizerParamState& s, const std::stri
 }  // namespace
 
 TorchStateBinding::TorchStateBinding(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                                     std::string optimizer_type, bool sharded)
+                                     std::string optimizer_type, bool sharded, std::vector<ParamPiece> pieces)
     : model_(model), optimizer_(optimizer), type_(std::move(optimizer_type)), sharded_(sharded) {
   if (type_ != "adam" && type_ != "adamw" && type_ != "sgd")
     throw ConfigError("unknown optimizer type '" + type_ + "'");
   for (auto& item : model_.named_parameters(true)) params_.emplace_back(item.key(), item.value());
   for (auto& item : model_.named_buffers(true)) buffers_.emplace_back(item.key(), item.value());
+  std::vector<std::pair<size_t, Held>> held;  // (model position, what the optimizer holds)
   for (const auto& g : optimizer_.param_groups())
-    for (const auto& p : g.params()) held_.push_back(param_name(p));  // throws for a foreign tensor
+    for (const auto& p : g.params()) {
+      size_t position = 0;
+      while (position < params_.size() && !params_[position].second.is_same(p)) ++position;
+      if (position < params_.size()) {
+        held.emplace_back(position, Held{params_[position].first, p});
+        continue;
+      }
+      auto piece = std::find_if(pieces.begin(), pieces.end(), [&](const ParamPiece& q) { return q.tensor.is_same(p); });
+      if (piece == pieces.end())
+        throw CheckpointError("the optimizer holds a tensor that is not a parameter of the model");
+      position = 0;
+      while (position < params_.size() && params_[position].first != piece->name) ++position;
+      if (position == params_.size())
+        throw CheckpointError("the optimizer holds a piece of '" + piece->name + "', which the model does not have");
+      const int64_t rows = params_[position].second.dim() == 0 ? 1 : params_[position].second.size(0);
+      const bool whole = piece->row_begin == 0 && piece->row_end == rows;
+      held.emplace_back(position, Held{piece->name, p, whole ? 0 : piece->row_begin, whole ? -1 : piece->row_end});
+    }
+  std::stable_sort(held.begin(), held.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& entry : held) held_.push_back(std::move(entry.second));
+}
+
+const TorchStateBinding::Held& TorchStateBinding::held_of(const torch::Tensor& p) const {
+  for (const auto& h : held_)
+    if (h.key.is_same(p)) return h;
+  throw CheckpointError("the optimizer holds a tensor that is not a parameter of the model");
+}
+
+const TorchStateBinding::Held* TorchStateBinding::held_named(const std::string& name) const {
+  for (const auto& h : held_)
+    if (h.name == name) return &h;
+  return nullptr;
+}
+
+TensorRef TorchStateBinding::held_view(const Held& h, const std::string& name, torch::Tensor t) {
+  TensorRef r = view(name, std::move(t));
+  if (h.row_end < 0) return r;
+  for (const auto& [n, p] : params_)
+    if (n == h.name) r.shape = p.sizes().vec();  // the parameter's shape, of which `t` holds some rows
+  r.row_begin = h.row_begin;
+  r.row_end = h.row_end;
+  return r;
 }
 
 std::vector<std::string> TorchStateBinding::tensor_names() const {
@@ -110,12 +152,6 @@ std::vector<std::string> TorchStateBinding::tensor_names() const {
   for (const auto& [n, t] : params_) out.push_back(n);
   for (const auto& [n, t] : buffers_) out.push_back(n);
   return out;
-}
-
-std::string TorchStateBinding::param_name(const torch::Tensor& p) const {
-  for (const auto& [n, t] : params_)
-    if (t.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) return n;
-  throw CheckpointError("the optimizer holds a tensor that is not a parameter of the model");
 }
 
 TensorRef TorchStateBinding::view(const std::string& name, torch::Tensor t) {
@@ -165,23 +201,24 @@ void TorchStateBinding::export_optimizer(OptimizerState& out) {
       pg.hyper = {{"lr", o.lr()},   {"betas0", std::get<0>(o.betas())}, {"betas1", std::get<1>(o.betas())},
                   {"eps", o.eps()}, {"weight_decay", o.weight_decay()}, {"amsgrad", o.amsgrad() ? 1.0 : 0.0}};
     }
-    for (const auto& p : g.params()) pg.params.push_back(param_name(p));
+    for (const auto& p : g.params()) pg.params.push_back(held_of(p).name);
     out.groups.push_back(std::move(pg));
   }
   // Reserve first: TensorRefs point into steps_, which must not reallocate.
-  steps_.reserve(params_.size());
-  for (const auto& [name, p] : params_) {
-    auto it = optimizer_.state().find(state_key(p));
+  steps_.reserve(held_.size());
+  for (const Held& h : held_) {
+    const std::string& name = h.name;
+    auto it = optimizer_.state().find(state_key(h.key));
     if (it == optimizer_.state().end()) continue;  // no state yet (e.g. before the first step)
     auto& s = *it->second;
     if (type_ == "sgd") {
       auto& buf = static_cast<torch::optim::SGDParamState&>(s).momentum_buffer();
-      if (buf.defined()) out.state.push_back(view(name + "/momentum_buffer", buf));
+      if (buf.defined()) out.state.push_back(held_view(h, name + "/momentum_buffer", buf));
       continue;
     }
     for (const auto& key : tensor_state_keys(type_)) {
       torch::Tensor* t = adam_tensor(s, type_, key);
-      if (t && t->defined()) out.state.push_back(view(name + "/" + key, *t));
+      if (t && t->defined()) out.state.push_back(held_view(h, name + "/" + key, *t));
     }
     steps_.push_back(type_ == "adam" ? static_cast<torch::optim::AdamParamState&>(s).step()
                                      : static_cast<torch::optim::AdamWParamState&>(s).step());
@@ -219,12 +256,13 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
     const auto slash = e.name.rfind('/');
     if (slash == std::string::npos) throw CheckpointError("optimizer state entry '" + e.name + "' has no '/<key>'");
     const std::string pname = e.name.substr(0, slash), key = e.name.substr(slash + 1);
-    const torch::Tensor* param = nullptr;
-    for (const auto& [n, t] : params_)
-      if (n == pname) param = &t;
-    if (!param || (key == "step" && type_ == "sgd")) continue;
+    const Held* h = held_named(pname);
+    const torch::Tensor* param = h ? &h->key : nullptr;
+    if (!h && !sharded_)  // a parameter this optimizer does not hold: a destination all the same
+      for (const auto& [n, t] : params_)
+        if (n == pname) param = &t;
     // Sharded: another rank's parameter (load_checkpoint checks that some rank takes every entry).
-    if (sharded_ && std::find(held_.begin(), held_.end(), pname) == held_.end()) continue;
+    if (!param || (key == "step" && type_ == "sgd")) continue;
 
     auto& slot = optimizer_.state()[state_key(*param)];
     if (!slot) {
@@ -250,11 +288,11 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
     // The destination has the parameter's shape (what this model needs); a file entry of another shape is a
     // difference load_checkpoint reports.
     *dst = torch::zeros(param->sizes(), param->options().dtype(to_scalar_type(e.dtype)));
-    state.optimizer.state.push_back(view(e.name, *dst));
+    state.optimizer.state.push_back(h ? held_view(*h, e.name, *dst) : view(e.name, *dst));
   }
   // Parameters whose state the checkpoint lacks must not keep a half-built state.
-  for (const auto& [n, p] : params_) {
-    auto it = optimizer_.state().find(state_key(p));
+  for (const Held& h : held_) {
+    auto it = optimizer_.state().find(state_key(h.key));
     if (it != optimizer_.state().end() && type_ == "sgd" &&
         !static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().defined())
       optimizer_.state().erase(it);
@@ -266,9 +304,11 @@ void TorchStateBinding::finish_import() {
   for (auto& s : staged_) s.target.copy_(s.host);
   staged_.clear();
   for (size_t i = 0; i < step_params_.size(); ++i) {
-    const torch::Tensor* param = nullptr;
-    for (const auto& [n, t] : params_)
-      if (n == step_params_[i]) param = &t;
+    const Held* h = held_named(step_params_[i]);
+    const torch::Tensor* param = h ? &h->key : nullptr;
+    if (!param)
+      for (const auto& [n, t] : params_)
+        if (n == step_params_[i]) param = &t;
     auto& s = *optimizer_.state().at(state_key(*param));
     if (type_ == "adam")
       static_cast<torch::optim::AdamParamState&>(s).step(steps_[i]);
@@ -276,8 +316,10 @@ void TorchStateBinding::finish_import() {
       static_cast<torch::optim::AdamWParamState&>(s).step(steps_[i]);
   }
   // An Adam state without exp_avg would crash LibTorch's step: the checkpoint must be complete.
+  std::vector<std::pair<std::string, torch::Tensor>> keyed = params_;  // a piece's state is keyed by the piece
+  for (const Held& h : held_) keyed.emplace_back(h.name, h.key);
   if (type_ != "sgd")
-    for (const auto& [n, p] : params_) {
+    for (const auto& [n, p] : keyed) {
       auto it = optimizer_.state().find(state_key(p));
       if (it == optimizer_.state().end()) continue;
       if (!adam_tensor(*it->second, type_, "exp_avg")->defined() ||

@@ -4,8 +4,9 @@
 //   mpirun -np N h5ddp-clip-probe OUT_PREFIX [--shard] [--max-norm X] [--inf-on-rank R]
 //
 // A small MLP under DDP (ZeRO-1 with --shard); each rank a batch of its own; after finish_backward every rank writes
-// OUT_PREFIX.rank<r>.pt: {"names": the parameter names this rank holds averaged gradients of (all; --shard: its
-// own), "before": their gradients, "after": the same after clip_grad_norm(X), "norm": what it returned}.
+// OUT_PREFIX.rank<r>.pt: {"names": the parameters this rank holds averaged gradients of (all; --shard: its pieces,
+// rows of parameters), "row_begin": each one's first row, "before": their gradients, "after": the same after
+// clip_grad_norm(X), "norm": what it returned}.
 // --inf-on-rank R: rank R puts +inf into its first gradient before clipping (the verdict must be NaN everywhere).
 #include <torch/torch.h>
 
@@ -65,25 +66,31 @@ int main(int argc, char** argv) {
   torch::nn::functional::cross_entropy(net->forward(x), y).backward();
   ddp.finish_backward();
 
-  const auto& params = ddp.parameters();
+  // What this rank holds averaged gradients of: every parameter, or (--shard) its pieces, rows of parameters.
   const auto& names = ddp.parameter_names();
-  const auto& owners = ddp.parameter_owners();
   c10::List<std::string> held;
-  c10::List<torch::Tensor> before, after;
-  std::vector<size_t> mine;
-  for (size_t i = 0; i < params.size(); ++i)
-    if (!shard || owners[i] == comm.rank()) mine.push_back(i);
-  if (comm.rank() == inf_rank && !mine.empty())
-    params[mine.front()].grad().view(-1)[0].fill_(std::numeric_limits<float>::infinity());
-  for (size_t i : mine) {
+  c10::List<int64_t> row_begin;
+  std::vector<torch::Tensor> mine;
+  for (size_t i = 0; i < ddp.parameters().size() && !shard; ++i) {
     held.push_back(names[i]);
-    before.push_back(params[i].grad().clone());
+    row_begin.push_back(0);
+    mine.push_back(ddp.parameters()[i]);
   }
+  for (const auto& piece : ddp.owned_pieces()) {
+    held.push_back(names[piece.index]);
+    row_begin.push_back(piece.row_begin);
+    mine.push_back(piece.tensor);
+  }
+  c10::List<torch::Tensor> before, after;
+  if (comm.rank() == inf_rank && !mine.empty())
+    mine.front().grad().view(-1)[0].fill_(std::numeric_limits<float>::infinity());
+  for (const auto& t : mine) before.push_back(t.grad().clone());
   const double norm = ddp.clip_grad_norm(max_norm);
-  for (size_t i : mine) after.push_back(params[i].grad().clone());
+  for (const auto& t : mine) after.push_back(t.grad().clone());
 
   c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
   out.insert("names", held);
+  out.insert("row_begin", row_begin);
   out.insert("before", before);
   out.insert("after", after);
   out.insert("norm", norm);

@@ -37,12 +37,19 @@ def pytorch_clip(names, before, max_norm):
 
 
 def merged(outs, key):
-    """Name -> tensor over every rank's held gradients (sharded: each name on exactly one rank)."""
-    out = {}
+    """Name -> tensor over every rank's held gradients (sharded: row pieces, which must tile each parameter)."""
+    pieces = {}
     for o in outs:
-        for n, t in zip(o["names"], o[key]):
-            ht.check(n not in out, f"{n} held by two ranks")
-            out[n] = t
+        for n, b, t in zip(o["names"], o["row_begin"], o[key]):
+            pieces.setdefault(n, []).append((b, t))
+    out = {}
+    for n, parts in pieces.items():
+        parts.sort(key=lambda p: p[0])
+        row = 0
+        for b, t in parts:
+            ht.check(b == row, f"{n}: a piece starts at row {b}, the rows before end at {row} (gap or overlap)")
+            row += t.shape[0] if t.dim() else 1
+        out[n] = torch.cat([t for _, t in parts]) if parts[0][1].dim() else parts[0][1]
     return out
 
 

@@ -93,7 +93,7 @@ void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, doubl
   copy_params(*model, *ref);
   std::unique_ptr<ShardedOptimizer> sharded_opt;
   std::unique_ptr<torch::optim::Optimizer> plain_opt;
-  if (options.shard_optimizer)
+  if (options.sharded())
     sharded_opt =
         std::make_unique<ShardedOptimizer>(ddp, [&](std::vector<torch::Tensor> p) { return make_opt(p, opt_kind); });
   else
@@ -125,19 +125,28 @@ void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, doubl
   EXPECT_LT(diff, tol) << "after 20 steps, N=" << n;
   EXPECT_EQ(ddp.stats().steps, 20u);
   EXPECT_EQ(ddp.stats().buckets_launched, 20u * ddp.buckets().size());
-  if (options.shard_optimizer) {
-    // Each parameter's state on exactly one rank, and this rank's on its own parameters only.
-    int64_t held = static_cast<int64_t>(opt.state().size());
-    EXPECT_EQ(held, static_cast<int64_t>(ddp.owned_parameters().size()));
+  if (options.sharded()) {
+    // State for this rank's pieces only, and every element's state on exactly one rank.
+    EXPECT_EQ(opt.state().size(), ddp.owned_parameters().size());
+    int64_t held = 0, total = 0;
+    for (const auto& [key, st] : opt.state()) {
+      (void)key;
+      held += opt_kind == Opt::kAdam ? static_cast<torch::optim::AdamParamState&>(*st).exp_avg().numel()
+                                     : static_cast<torch::optim::SGDParamState&>(*st).momentum_buffer().numel();
+    }
     comm.allreduce(&held, 1, DType::kI64, ReduceOp::kSum);
-    EXPECT_EQ(held, static_cast<int64_t>(model->parameters().size()));
-    if (n > 1) EXPECT_LT(ddp.owned_parameters().size(), model->parameters().size());
-    for (const auto& p : model->parameters()) EXPECT_EQ(p.grad().abs().sum().item<double>(), 0.0);
+    for (const auto& p : model->parameters()) total += p.numel();
+    EXPECT_EQ(held, total);
+    for (const auto& p : model->parameters())  // stage 1: zeroed by the gather; stage 2: not kept at all
+      if (options.stage() == ShardStage::kGradients)
+        EXPECT_FALSE(p.grad().defined());
+      else
+        EXPECT_EQ(p.grad().abs().sum().item<double>(), 0.0);
   }
 }
 
-DdpOptions sharded(DdpOptions o) {
-  o.shard_optimizer = true;
+DdpOptions sharded(DdpOptions o, ShardStage stage = ShardStage::kOptimizer) {
+  o.shard = stage;
   return o;
 }
 
@@ -167,6 +176,23 @@ TEST(Ddp, ShardedAdamMatchesLargeBatch) {
 TEST(Ddp, ShardedSgdMomentumMatchesLargeBatchFloat64) {
   run_equivalence(Opt::kSgdMomentum, sharded(DdpOptions{}), torch::kFloat64, 1e-6);
 }
+TEST(Ddp, ShardedOptimizerAliasStillWorks) {  // DdpOptions::shard_optimizer: the same as ShardStage::kOptimizer
+  DdpOptions o = small_buckets();
+  o.shard_optimizer = true;
+  EXPECT_EQ(o.stage(), ShardStage::kOptimizer);
+  run_equivalence(Opt::kAdam, o, torch::kFloat32, 1e-5);
+}
+TEST(Ddp, Stage2AdamMatchesLargeBatch) {
+  run_equivalence(Opt::kAdam, sharded(small_buckets(), ShardStage::kGradients), torch::kFloat32, 1e-5);
+}
+TEST(Ddp, Stage2SgdMomentumMatchesLargeBatchFloat64) {
+  run_equivalence(Opt::kSgdMomentum, sharded(DdpOptions{}, ShardStage::kGradients), torch::kFloat64, 1e-6);
+}
+TEST(Ddp, Stage3IsRefusedOnEveryRank) {
+  auto& comm = test::world();
+  TinyNet model;
+  EXPECT_THROW(DistributedDataParallel(comm, *model, sharded(DdpOptions{}, ShardStage::kParameters)), Error);
+}
 
 TEST(Ddp, ShardedOptimizerRefusesAReplicatedDdp) {
   auto& comm = test::world();
@@ -176,22 +202,61 @@ TEST(Ddp, ShardedOptimizerRefusesAReplicatedDdp) {
                ConfigError);
 }
 
-// Shards are whole parameters balanced by bytes, the same on every rank; owners lay out each bucket by rank.
-TEST(Ddp, ShardOwnersAreBalancedAndAgreed) {
+// Element ranges: every row of every parameter on exactly one rank, each rank's share of each bucket within a
+// row of the even split, the same layout on every rank, and a matrix larger than the rest split between ranks.
+TEST(Ddp, PiecesTileEveryParameterAndSplitTheLargeMatrix) {
   auto& comm = test::world();
-  TinyNet model(64);
-  DistributedDataParallel ddp(comm, *model, sharded(small_buckets()));
-  const auto& owners = ddp.parameter_owners();
-  ASSERT_EQ(owners.size(), ddp.parameters().size());
-  uint64_t h = 0;
-  for (int o : owners) h = h * 31 + static_cast<uint64_t>(o);
-  EXPECT_TRUE(comm.agree(h));
-  for (const auto& spec : ddp.buckets())
-    EXPECT_TRUE(std::is_sorted(spec.params.begin(), spec.params.end(),
-                               [&](size_t a, size_t b) { return owners[a] < owners[b]; }));
-  std::vector<size_t> bytes;
-  for (const auto& p : ddp.parameters()) bytes.push_back(p.nbytes());
-  EXPECT_EQ(owners, assign_shards(bytes, comm.size()));
+  const int n = comm.size();
+  torch::nn::Sequential model(torch::nn::Linear(64, 200), torch::nn::ReLU(), torch::nn::Linear(200, 3));
+  for (ShardStage stage : {ShardStage::kOptimizer, ShardStage::kGradients}) {
+    DistributedDataParallel ddp(comm, *model, sharded(DdpOptions{}, stage));
+    const auto& params = ddp.parameters();
+    // rows[r * P + i]: rows of parameter i rank r owns; first[r * P + i]: its first row (-1: none).
+    std::vector<int64_t> rows(params.size() * n, 0), first(params.size() * n, -1), mine(params.size(), 0),
+        start(params.size(), -1);
+    int64_t owned = 0;
+    for (const auto& piece : ddp.owned_pieces()) {
+      mine[piece.index] = piece.row_end - piece.row_begin;
+      start[piece.index] = piece.row_begin;
+      owned += piece.tensor.numel();
+      EXPECT_EQ(piece.tensor.data_ptr<float>(),
+                params[piece.index].data_ptr<float>() + piece.row_begin * (params[piece.index].numel() /
+                                                                           std::max<int64_t>(1, params[piece.index].size(0))));
+    }
+    comm.allgather(mine.data(), rows.data(), mine.size(), DType::kI64);
+    comm.allgather(start.data(), first.data(), start.size(), DType::kI64);
+    for (size_t i = 0; i < params.size(); ++i) {
+      std::vector<std::pair<int64_t, int64_t>> pieces;
+      for (int r = 0; r < n; ++r)
+        if (rows[r * params.size() + i] > 0) pieces.emplace_back(first[r * params.size() + i], rows[r * params.size() + i]);
+      std::sort(pieces.begin(), pieces.end());
+      int64_t next = 0;
+      for (const auto& [b, count] : pieces) {
+        EXPECT_EQ(b, next) << ddp.parameter_names()[i] << ": rows owned twice or by nobody";
+        next = b + count;
+      }
+      EXPECT_EQ(next, params[i].dim() ? params[i].size(0) : 1) << ddp.parameter_names()[i];
+    }
+    // 64*200 of 13,403 elements: more than half in one matrix, yet every rank owns about 1/n of them.
+    int64_t total = 0;
+    for (const auto& p : params) total += p.numel();
+    std::vector<int64_t> owned_by(n);
+    comm.allgather(&owned, owned_by.data(), 1, DType::kI64);
+    for (int r = 0; r < n; ++r)
+      EXPECT_NEAR(static_cast<double>(owned_by[r]), static_cast<double>(total) / n, 200.0 * ddp.buckets().size())
+          << "rank " << r;
+    int splits = 0;  // ranks owning rows of the [200, 64] matrix
+    for (int r = 0; r < n; ++r) splits += rows[r * params.size()] > 0;
+    EXPECT_GE(splits, std::min(n, 3));
+  }
+}
+
+TEST(Ddp, SplitBucketCutsBetweenRowsNearTheEvenSplit) {
+  // One 10-row matrix of 8-element rows and a 4-element vector: 84 elements between 4 ranks (21 each).
+  EXPECT_EQ(split_bucket({80, 4}, {8, 1}, 4), (std::vector<int64_t>{0, 24, 40, 64, 84}));
+  EXPECT_EQ(split_bucket({80, 4}, {8, 1}, 1), (std::vector<int64_t>{0, 84}));
+  EXPECT_EQ(split_bucket({3}, {1}, 4), (std::vector<int64_t>{0, 0, 1, 2, 3}));  // fewer rows than ranks
+  EXPECT_EQ(split_bucket({0, 6}, {5, 2}, 2), (std::vector<int64_t>{0, 4, 6}));  // a tie rounds up
 }
 
 TEST(Ddp, BucketsLaunchDuringBackward) {
