@@ -48,6 +48,7 @@ class ShardedOptimizer {
   // This rank's optimizer (its state: the owned parameters' only; its param_groups: the owned parameters).
   torch::optim::Optimizer& local() { return *local_; }
   DistributedDataParallel& ddp() { return ddp_; }
+  const DistributedDataParallel& ddp() const { return ddp_; }
   // The tensors local() holds, as pieces of the model's parameters (for the Checkpointer).
   std::vector<ParamPiece> pieces() const;
 

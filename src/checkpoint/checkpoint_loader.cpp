@@ -106,7 +106,10 @@ std::string shard_coverage(Comm& comm, const std::vector<TensorRef>& refs, const
              " ranks (their optimizer shards overlap)";
     if (!any_piece) continue;
     const int64_t rows = found[i].shape.empty() ? 1 : found[i].shape[0];
-    out += ckpt::piece_coverage(path, rows, listed);
+    std::string problems = ckpt::piece_coverage(path, rows, listed);  // lines of its own indented for a save
+    for (size_t at = problems.find("\n    "); at != std::string::npos; at = problems.find("\n    ", at + 3))
+      problems.erase(at + 1, 2);
+    out += problems;
     std::sort(listed.begin(), listed.end(),
               [](const ckpt::Segment& a, const ckpt::Segment& b) { return a.row_begin < b.row_begin; });
     pieces[i] = std::move(listed);

@@ -97,6 +97,7 @@ struct Checkpointer::Impl {
   TorchStateBinding binding;
   std::vector<Tracked> tracked;
   std::map<std::string, std::string> meta;
+  std::string shard = "none";  // /meta shard: how the optimizer state was split when the file was written
   std::vector<std::string> keep_files;
   std::function<SchedulerState(int64_t)> scheduler;
   std::unique_ptr<AsyncCheckpointer> async;
@@ -210,6 +211,10 @@ Checkpointer::Checkpointer(MpiComm& comm, torch::nn::Module& model, torch::optim
       options_(std::move(options)),
       impl_(std::make_unique<Impl>(model, optimizer, options_.shard_optimizer,
                                    sharded ? sharded->pieces() : std::vector<ParamPiece>{})) {
+  if (sharded)
+    impl_->shard = shard_stage_name(sharded->ddp().options().stage());
+  else if (options_.shard_optimizer)
+    impl_->shard = "optimizer (whole parameters)";
   std::error_code ec;
   std::filesystem::create_directories(options_.run_dir, ec);
   comm_.raise_if_any(std::filesystem::is_directory(options_.run_dir)
@@ -335,6 +340,7 @@ TrainState Checkpointer::export_state() {
   st.meta = impl_->meta;
   st.meta["torch_version"] = torch_version();
   st.meta["optimizer"] = impl_->type;
+  st.meta["shard"] = impl_->shard;
   return st;
 }
 

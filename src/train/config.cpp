@@ -156,10 +156,14 @@ po::options_description training_options(TrainConfig& c, Switches& sw) {
                       "clip the global L2 norm of the averaged gradients to NORM (as torch.nn.utils."
                       "clip_grad_norm_; sharded: the norm of all shards); a non-finite norm skips the step on "
                       "every rank. 0 = off. The norm goes to metrics.jsonl as grad_norm");
-  train.add_options()("shard-optimizer", po::bool_switch(&c.shard_optimizer),
-                      "ZeRO-1: each rank keeps the optimizer state of its share of the parameters (whole "
-                      "tensors, balanced by bytes); gradients are reduce-scattered, updated parameters "
-                      "all-gathered. Checkpoints are the same file as without it and resume either way");
+  train.add_options()("shard", po::value(&c.shard)->default_value(c.shard),
+                      "how much training state is split between ranks (docs/SHARDING.md): none | optimizer "
+                      "(ZeRO-1: each rank keeps the optimizer state of its range of every gradient bucket, rows "
+                      "of tensors, so a large matrix is split) | gradients (ZeRO-2: and only its range of the "
+                      "averaged gradients) | parameters (ZeRO-3: not built yet). Gradients are reduce-scattered, "
+                      "updated parameters all-gathered. Checkpoints are the same file at every stage and resume "
+                      "at any stage on any number of ranks");
+  train.add_options()("shard-optimizer", po::bool_switch(&c.shard_optimizer), "the same as --shard optimizer");
   train.add_options()("no-metrics", po::bool_switch(&sw.no_metrics),
                       "do not append to RUN_DIR/metrics.jsonl (docs/METRICS.md)");
   return train;
@@ -238,6 +242,12 @@ void validate_training(const TrainConfig& c) {
   require(c.device == "auto" || c.device == "cpu" || c.device == "cuda", "device", c.device,
           "must be auto, cpu or cuda");
   require(c.precision == "fp32" || c.precision == "bf16", "precision", c.precision, "must be fp32 or bf16");
+  require(c.shard == "none" || c.shard == "optimizer" || c.shard == "gradients" || c.shard == "parameters", "shard",
+          c.shard, "must be none, optimizer, gradients or parameters");
+  require(c.shard != "parameters", "shard", c.shard,
+          "stage 3 (parameters kept as shards, gathered per unit) is not built yet; use gradients (ZeRO-2)");
+  require(!c.shard_optimizer || c.shard == "none" || c.shard == "optimizer", "shard", c.shard,
+          "conflicts with --shard-optimizer (which means --shard optimizer)");
 }
 
 // The checkpointing, schedule and run options in range, and the options that need each other.
@@ -327,6 +337,7 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
     c.final_checkpoint = !sw.no_final;
     c.metrics = !sw.no_metrics;
     validate_training(c);
+    if (c.shard_optimizer) c.shard = "optimizer";  // one spelling from here on
     validate_run(c, sw);
     out.config = c;
   } catch (const po::error& e) {

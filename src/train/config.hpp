@@ -41,7 +41,8 @@ struct TrainConfig {
   int keep_last = 3;
   int keep_every = 0;
   bool fsync = true;
-  bool shard_optimizer = false;                    // ZeRO-1 (DdpOptions::shard_optimizer)
+  std::string shard = "none";                      // none | optimizer | gradients (ZeRO 0/1/2; DdpOptions::shard)
+  bool shard_optimizer = false;                    // --shard-optimizer: the same as --shard optimizer
   bool verify_replicas = false;                    // every rank hashes every tensor on save and all hashes must agree
   std::string checkpoint_write = "auto";           // auto | direct | mpiio (WriteMode)
   std::string load_strategy = "every-rank-reads";  // every-rank-reads | share-exchange (LoadStrategy)

@@ -21,7 +21,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& confi
 // Local. The run dir, save triggers, retention, async/fsync, load strategy, --on-save-error.
 CheckpointerOptions checkpointer_options(const TrainConfig& config);
 
-// Local. --shard-optimizer; on CUDA the NCCL communicator (`device_comm`) and bf16 gradient reduction.
+// Local. --shard; on CUDA the NCCL communicator (`device_comm`) and bf16 gradient reduction.
 DdpOptions ddp_options(const TrainConfig& config, const Compute& compute, Comm* device_comm);
 
 }  // namespace h5ddp

@@ -106,7 +106,7 @@ class Trainer {
                                                      ddp_options(config_, compute_, device_comm_.get()));
     // After the move to the device (state there); sharded: over this rank's parameters only.
     const auto make = [&](std::vector<torch::Tensor> p) { return make_optimizer(config_, std::move(p)); };
-    if (config_.shard_optimizer) {
+    if (config_.shard != "none") {
       sharded_ = std::make_unique<ShardedOptimizer>(*ddp_, make);
       ckpt_ = std::make_unique<Checkpointer>(comm_, *model_.module, *sharded_, checkpointer_options(config_));
     } else {
@@ -384,7 +384,7 @@ class Trainer {
   std::unique_ptr<Comm> device_comm_;  // NcclComm with --device cuda
   std::unique_ptr<DistributedDataParallel> ddp_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;  // replicated
-  std::unique_ptr<ShardedOptimizer> sharded_;           // --shard-optimizer (ZeRO-1)
+  std::unique_ptr<ShardedOptimizer> sharded_;           // --shard optimizer|gradients (ZeRO-1/2)
   std::unique_ptr<Checkpointer> ckpt_;
   std::unique_ptr<DistributedSampler> sampler_;
   std::unique_ptr<Progress> progress_;
