@@ -169,8 +169,8 @@ class Checkpointer {
 
  private:
   struct Impl;
-  Checkpointer(MpiComm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-               CheckpointerOptions options, const ShardedOptimizer* sharded);
+  Checkpointer(MpiComm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer, CheckpointerOptions options,
+               const ShardedOptimizer* sharded);
   ResumeInfo load_resumed(const std::string& path);
   TrainState export_state();
   void save_guarded(bool final_save);

@@ -64,7 +64,9 @@ struct DdpOptions {
   // (the parameters' .grad is undefined after finish_backward). reduce_bf16 does not apply to sharded buckets.
   ShardStage shard = ShardStage::kNone;
   bool shard_optimizer = false;  // the same as shard = kOptimizer (when shard is kNone)
-  ShardStage stage() const { return shard != ShardStage::kNone ? shard : shard_optimizer ? ShardStage::kOptimizer : shard; }
+  ShardStage stage() const {
+    return shard != ShardStage::kNone ? shard : shard_optimizer ? ShardStage::kOptimizer : shard;
+  }
   bool sharded() const { return stage() != ShardStage::kNone; }
 };
 
@@ -192,11 +194,13 @@ class DistributedDataParallel {
   std::vector<torch::Tensor> buffers_;
   std::vector<BucketSpec> buckets_;
   std::vector<std::unique_ptr<Bucket>> bucket_state_;
-  std::vector<int64_t> param_offset_;      // param -> first element in its bucket
-  std::vector<OwnedPiece> pieces_;         // sharded: this rank's row ranges
+  std::vector<int64_t> param_offset_;  // param -> first element in its bucket
+  std::vector<OwnedPiece> pieces_;     // sharded: this rank's row ranges
   void build_pieces();
-  void ensure_buffer(size_t b);            // stage 2: the bucket's buffer (and its slots) for this step
-  void release_bucket(size_t b);           // stage 2: this rank's averaged range kept, the buffer freed
+  void ensure_buffer(size_t b);       // stage 2: the bucket's buffer (and its slots) for this step
+  void release_bucket(size_t b);      // stage 2: this rank's averaged range kept, the buffer freed
+  bool adopt_gradient(size_t index);  // stage 2: a one-parameter bucket reduces autograd's gradient in place
+  void finish_grad_ready(size_t index, size_t b);
   std::vector<size_t> param_bucket_;       // param -> bucket index
   std::vector<torch::Tensor> param_slot_;  // param -> view into its bucket buffer, shaped like the param
   std::vector<uint8_t> ready_;             // param -> hook fired in this step

@@ -52,8 +52,9 @@ class MpiComm final : public Comm {
   // In kThread/kProgress modes this communicator's worker thread completes the operation.
   std::unique_ptr<Work> allreduce_async(void* buf, size_t count, DType dtype, ReduceOp op) override;
   void allgather(const void* send, void* recv, size_t count, DType dtype) override;
-  // MPI_Ireduce_scatter in place (or a blocking MPI_Reduce_scatter on the worker in kThread mode); MPI leaves
-  // the result at the start of buf, moved into this rank's segment on completion.
+  // One in-place reduce per rank's segment to that rank, in chunks of the allreduce chunk size (MPI_Ireduce, or
+  // blocking MPI_Reduce on the worker in kThread mode): each sum lands in its owner's segment, and no call
+  // allocates more than a chunk (one MPI_Reduce_scatter allocated the whole buffer's size again; ZeRO-2).
   std::unique_ptr<Work> reduce_scatter_async(void* buf, const std::vector<size_t>& counts, DType dtype,
                                              ReduceOp op) override;
   void allgatherv(void* buf, const std::vector<size_t>& counts, DType dtype) override;

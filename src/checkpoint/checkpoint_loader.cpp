@@ -453,7 +453,7 @@ void check_destinations(MpiComm& comm, const std::string& path, const Checkpoint
 // ranks verify each such dataset together (ckpt::chained_hashes over `pieces`, by manifest index).
 struct TensorPlan {
   std::vector<DatasetPlan> shared, own;
-  bool sharded = false;  // agreed (check_destinations)
+  bool sharded = false;                            // agreed (check_destinations)
   std::vector<std::vector<ckpt::Segment>> pieces;  // per optimizer-state entry of the manifest; empty: whole
   std::vector<size_t> own_entry;                   // own[i] is manifest entry own_entry[i]
   std::vector<uint64_t> row_bytes;                 // per optimizer-state entry of the manifest
@@ -505,8 +505,10 @@ std::string verify_pieces(MpiComm& comm, const TensorPlan& p, const std::string&
   std::string problems;
   for (const auto& [e, hash] : ckpt::chained_hashes(comm, std::move(chain)))
     if (hash != mine.at(e)->checksum)
-      problems += "\n  R13: checksum mismatch in dataset " + mine.at(e)->path + " (its pieces, hashed by the ranks "
-                  "holding them, do not give the checksum of " + path + ")";
+      problems += "\n  R13: checksum mismatch in dataset " + mine.at(e)->path +
+                  " (its pieces, hashed by the ranks "
+                  "holding them, do not give the checksum of " +
+                  path + ")";
   return problems;
 }
 

@@ -281,8 +281,8 @@ void add_listing(ShardListing& out, TensorRef t, int r, int rank) {
   ShardListing::Entry& e = out.entries[it->second];
   if (e.ref.dtype != t.dtype || e.ref.shape != t.shape) {
     out.problems += "\n    " + t.name + " is " + dtype_name(t.dtype) + " " + shape_string(t.shape) + " on rank " +
-                    std::to_string(r) + ", " + dtype_name(e.ref.dtype) + " " + shape_string(e.ref.shape) +
-                    " on rank " + std::to_string(e.listed.front().rank);
+                    std::to_string(r) + ", " + dtype_name(e.ref.dtype) + " " + shape_string(e.ref.shape) + " on rank " +
+                    std::to_string(e.listed.front().rank);
     return;
   }
   e.listed.push_back(rows);
@@ -335,7 +335,8 @@ void place_entries(ShardListing& listing, std::vector<ShardPlacement>& placement
       p.owner = e.listed.front().rank;
       for (const Segment& s : e.listed) p.owner = std::min(p.owner, s.rank);
       for (const Segment& s : e.listed)  // held twice: only a split parameter's whole state (Adam's step) may be
-        if (s.rank != p.owner && !(split.count({param_of(e.ref.name), s.rank}) && split.count({param_of(e.ref.name), p.owner})))
+        if (s.rank != p.owner &&
+            !(split.count({param_of(e.ref.name), s.rank}) && split.count({param_of(e.ref.name), p.owner})))
           listing.problems +=
               "\n    " + e.ref.name + " is held by ranks " + std::to_string(p.owner) + " and " + std::to_string(s.rank);
     } else {
@@ -389,7 +390,8 @@ OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::
   std::vector<ShardPlacement> sorted;
   for (size_t i : order) {
     TensorRef ref = listing.entries[i].ref;
-    if (!placement[i].pieces.empty() && !ref.piece() && ref.data != nullptr) ref.row_begin = 0, ref.row_end = ref.rows();
+    if (!placement[i].pieces.empty() && !ref.piece() && ref.data != nullptr)
+      ref.row_begin = 0, ref.row_end = ref.rows();
     out.state.push_back(std::move(ref));
     sorted.push_back(std::move(placement[i]));
   }

@@ -59,8 +59,8 @@ void agree_on_plan(Comm& comm, const ckpt::SavePlan& plan) {
   std::vector<uint64_t> lo, hi;
   for (const auto& d : plan.datasets)
     lo.push_back(d.owner >= 0 || !d.pieces.empty() ? 0
-                 : d.tensor   ? ckpt::sample_hash(d.src, d.nbytes())
-                              : d.checksum);  // shards: no replicas
+                 : d.tensor                        ? ckpt::sample_hash(d.src, d.nbytes())
+                                                   : d.checksum);  // shards: no replicas
   hi = lo;
   comm.allreduce(lo.data(), lo.size(), DType::kU64, ReduceOp::kMin);
   comm.allreduce(hi.data(), hi.size(), DType::kU64, ReduceOp::kMax);
@@ -84,8 +84,10 @@ std::vector<int> checksum_owners(const ckpt::SavePlan& plan, const std::vector<c
     for (const auto& s : segments)
       if (plan.datasets[s.index].tensor && pieces[s.index] == 1) owner[s.index] = s.rank;
   for (size_t i = 0; i < plan.datasets.size(); ++i)
-    if (plan.datasets[i].owner >= 0) owner[i] = plan.datasets[i].owner;  // a shard: only its rank has the bytes
-    else if (!plan.datasets[i].pieces.empty()) owner[i] = kChained;
+    if (plan.datasets[i].owner >= 0)
+      owner[i] = plan.datasets[i].owner;  // a shard: only its rank has the bytes
+    else if (!plan.datasets[i].pieces.empty())
+      owner[i] = kChained;
   return owner;
 }
 
@@ -182,7 +184,8 @@ void write_rows(hid_t ds, const DatasetPlan& d, uint64_t begin, uint64_t end, hi
     const size_t calls = std::max<size_t>({min_calls, ckpt::transfer_count(d, begin, end), 1});
     // The memory space is src's rows [src_row, src_row + held): all rows, or this rank's piece.
     std::vector<int64_t> held = d.shape;
-    if (!held.empty() && !d.pieces.empty()) held[0] = static_cast<int64_t>(std::max<uint64_t>(end, d.src_row + 1) - d.src_row);
+    if (!held.empty() && !d.pieces.empty())
+      held[0] = static_cast<int64_t>(std::max<uint64_t>(end, d.src_row + 1) - d.src_row);
     h5::Handle mspace = h5::make_space(held);
     static const char kNothing = 0;  // a rank with no rows passes a valid pointer all the same
     const void* src = d.src ? d.src : &kNothing;
@@ -453,8 +456,8 @@ void chain_piece_hashes(SaveJob& job, std::vector<uint64_t>& hashed) {
   for (const auto& s : job.segments) {
     const DatasetPlan& d = job.plan.datasets[s.index];
     if (d.pieces.empty()) continue;
-    const char* data = s.rank == job.rank ? static_cast<const char*>(d.src) + (s.row_begin - d.src_row) * d.row_bytes()
-                                          : nullptr;
+    const char* data =
+        s.rank == job.rank ? static_cast<const char*>(d.src) + (s.row_begin - d.src_row) * d.row_bytes() : nullptr;
     pieces.push_back({s.index, s.rank, s.row_begin * d.row_bytes(), s.row_end * d.row_bytes(), data});
     job.owner[s.index] = s.rank;  // segments are in row order: the last one holds the last piece
   }

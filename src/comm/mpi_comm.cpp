@@ -186,6 +186,29 @@ std::vector<MPI_Request> iallreduce_chunked(MPI_Comm comm, void* buf, size_t cou
   return reqs;
 }
 
+// A reduce-scatter in place, as one in-place reduce per rank's segment to that rank, in chunks of at most
+// `chunk_bytes`: Open MPI's reduce-scatter allocates temporaries of the whole buffer's size (a bucket may be
+// hundreds of MB, and ZeRO-2 counts every byte), a chunked reduce only of a chunk's. Each rank's sum lands in its
+// own segment, where it belongs. `start(sendbuf, recvbuf, n, root)` issues one reduce.
+template <class Reduce>
+void reduce_to_owners(void* buf, const std::vector<int>& counts, DType dtype, int rank, size_t chunk_bytes,
+                      Reduce&& reduce) {
+  auto* p = static_cast<char*>(buf);
+  const size_t es = dtype_size(dtype);
+  size_t offset = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    const size_t count = static_cast<size_t>(counts[r]);
+    for_each_chunk(count, elements_per_call(chunk_bytes, es), [&](size_t off, int n) {
+      char* at = p + (offset + off) * es;
+      if (static_cast<int>(r) == rank)
+        reduce(MPI_IN_PLACE, at, n, static_cast<int>(r));
+      else
+        reduce(at, nullptr, n, static_cast<int>(r));
+    });
+    offset += count;
+  }
+}
+
 }  // namespace
 
 // One thread per communicator. kThread: runs queued allreduces (blocking) in submission order, which is the
@@ -442,43 +465,41 @@ std::unique_ptr<Work> MpiComm::reduce_scatter_async(void* buf, const std::vector
                                                     ReduceOp op) {
   H5DDP_CHECK(dtype != DType::kF16 && dtype != DType::kBF16, "MPI reduction of 16-bit floats is not supported");
   H5DDP_CHECK(counts.size() == static_cast<size_t>(size_), "reduce_scatter_async: counts must have one entry per rank");
-  const size_t es = dtype_size(dtype);
   auto icounts = std::make_shared<std::vector<int>>();
-  size_t offset = 0;
   for (int r = 0; r < size_; ++r) {
     H5DDP_CHECK(counts[r] <= kMaxChunk, "reduce_scatter_async: a segment of more than 2^30 elements");
     icounts->push_back(static_cast<int>(counts[r]));
-    if (r < rank_) offset += counts[r];
   }
-  // In place, MPI puts this rank's result at the start of buf (MPI 3.1, 5.10.1): moved to this rank's segment on
-  // completion. No side buffer: a bucket may be hundreds of MB.
-  char* base = static_cast<char*>(buf);
-  const size_t bytes = counts[rank_] * es;
-  auto copy_back = [base, offset, es, bytes] {
-    if (offset > 0 && bytes > 0) std::memmove(base + offset * es, base, bytes);
-  };
+  // One reduce per owner and chunk (reduce_to_owners): each rank's sum lands in its own segment, and no call
+  // allocates more than a chunk, where one MPI_Reduce_scatter of a bucket allocated the bucket's size again.
+  const int rank = rank_;
+  const size_t chunk = reduce_chunk_bytes_;
   auto start = [=](MPI_Comm c) {
-    MPI_Request r;
-    H5DDP_CHECK_MPI(MPI_Ireduce_scatter(MPI_IN_PLACE, buf, icounts->data(), mpi_datatype(dtype), mpi_op(op), c, &r));
-    return std::vector<MPI_Request>{r};
+    std::vector<MPI_Request> reqs;
+    reduce_to_owners(buf, *icounts, dtype, rank, chunk, [&](const void* send, void* recv, int n, int root) {
+      MPI_Request r;
+      H5DDP_CHECK_MPI(MPI_Ireduce(send, recv, n, mpi_datatype(dtype), mpi_op(op), root, c, &r));
+      reqs.push_back(r);
+    });
+    return reqs;
   };
   if (async_mode_ != AsyncMode::kNonBlocking) {
     if (!worker_) worker_ = std::make_unique<Worker>(async_comm_, sleep_while_waiting_, reduce_chunk_bytes_);
     auto state = std::make_shared<ThreadOp>();
     if (async_mode_ == AsyncMode::kProgress) {
       state->reqs = start(async_comm_);
-      state->on_done = copy_back;
     } else {
       state->run = [=](MPI_Comm c) {
-        H5DDP_CHECK_MPI(MPI_Reduce_scatter(MPI_IN_PLACE, buf, icounts->data(), mpi_datatype(dtype), mpi_op(op), c));
-        copy_back();
+        reduce_to_owners(buf, *icounts, dtype, rank, chunk, [&](const void* send, void* recv, int n, int root) {
+          H5DDP_CHECK_MPI(MPI_Reduce(send, recv, n, mpi_datatype(dtype), mpi_op(op), root, c));
+        });
       };
     }
     worker_->submit(state);
     return std::make_unique<ThreadWork>(std::move(state));
   }
   return std::make_unique<MpiWork>(start(async_comm_),
-                                   sleep_while_waiting_ ? poll_interval_ : std::chrono::microseconds(0), copy_back);
+                                   sleep_while_waiting_ ? poll_interval_ : std::chrono::microseconds(0), nullptr);
 }
 
 void MpiComm::allgatherv(void* buf, const std::vector<size_t>& counts, DType dtype) {

@@ -120,11 +120,11 @@ const char* shard_stage_name(ShardStage s) {
 }
 
 struct DistributedDataParallel::Bucket {
-  torch::Tensor buffer;  // flat; the last bucket has one extra trailing element (see finish_backward); stage 2:
-                         // allocated for a step and freed once its reduction is done (ensure_buffer)
+  torch::Tensor buffer;      // flat; the last bucket has one extra trailing element (see finish_backward); stage 2:
+                             // allocated for a step and freed once its reduction is done (ensure_buffer)
   torch::Tensor shard_grad;  // stage 2: this rank's range of the averaged gradients (own_count elements)
   bool released = false;     // stage 2: this step's reduction done and copied into shard_grad
-  torch::Tensor wire;    // DdpOptions::reduce_bf16: the bfloat16 copy being reduced (undefined otherwise)
+  torch::Tensor wire;        // DdpOptions::reduce_bf16: the bfloat16 copy being reduced (undefined otherwise)
   int64_t grad_numel = 0;
   std::vector<size_t> counts;  // sharded: elements of each rank's range (split_bucket)
   int64_t own_offset = 0;      // sharded: this rank's range
@@ -180,8 +180,7 @@ std::string DistributedDataParallel::local_model_problem() const {
   if (has_cuda && options_.device_comm == nullptr)
     local_error = "DDP: the module has CUDA tensors but DdpOptions::device_comm (an NcclComm) is not set";
   if (options_.stage() == ShardStage::kParameters)
-    local_error =
-        "DDP: shard stage 3 (parameters) is not built yet; use ShardStage::kGradients (ZeRO-2) or kOptimizer";
+    local_error = "DDP: shard stage 3 (parameters) is not built yet; use ShardStage::kGradients (ZeRO-2) or kOptimizer";
   if (options_.device_comm && options_.device_comm->size() != comm_.size())
     local_error = "DDP: device_comm has " + std::to_string(options_.device_comm->size()) + " ranks, comm has " +
                   std::to_string(comm_.size());
@@ -197,9 +196,8 @@ std::vector<std::string> DistributedDataParallel::model_signature() const {
   std::vector<std::string> entries;
   entries.push_back("options first_bucket_bytes=" + std::to_string(options_.first_bucket_bytes) +
                     " bucket_cap_bytes=" + std::to_string(options_.bucket_cap_bytes) +
-                    " broadcast_buffers=" + std::to_string(options_.broadcast_buffers) +
-                    " find_unused_parameters=" + std::to_string(options_.find_unused_parameters) +
-                    " shard=" + shard_stage_name(options_.stage()));
+                    " broadcast_buffers=" + std::to_string(options_.broadcast_buffers) + " find_unused_parameters=" +
+                    std::to_string(options_.find_unused_parameters) + " shard=" + shard_stage_name(options_.stage()));
   for (size_t i = 0; i < params_.size(); ++i) {
     std::ostringstream s;
     s << "parameter '" << param_names_[i] << "' " << dtype_name(to_dtype(params_[i].scalar_type()))
@@ -282,7 +280,7 @@ void DistributedDataParallel::build_buckets() {
       st->grad_numel += params_[i].numel();
       numel.push_back(params_[i].numel());
       row_numel.push_back(params_[i].dim() == 0 || params_[i].size(0) == 0 ? 1
-                                                                            : params_[i].numel() / params_[i].size(0));
+                                                                           : params_[i].numel() / params_[i].size(0));
     }
     st->comm = &comm_for(first.device());
     if (options_.sharded()) {
@@ -320,10 +318,26 @@ torch::Tensor alias(const torch::Tensor& base, int64_t offset, c10::IntArrayRef 
 void DistributedDataParallel::ensure_buffer(size_t b) {
   Bucket& st = *bucket_state_[b];
   if (st.buffer.defined()) return;
-  const bool last = b + 1 == buckets_.size();
+  const bool last = b + 1 == buckets_.size() && !options_.sharded();  // sharded: no unused count in the bucket
   st.buffer = torch::zeros({st.grad_numel + (last ? 1 : 0)},
                            params_[buckets_[b].params.front()].options().requires_grad(false));
   for (size_t i : buckets_[b].params) param_slot_[i] = alias(st.buffer, param_offset_[i], params_[i].sizes());
+}
+
+bool DistributedDataParallel::adopt_gradient(size_t index) {
+  // ZeRO-2, a bucket of one parameter: its fresh gradient (autograd's, which nothing else reads) becomes the
+  // bucket's buffer, reduced in place: no second copy of the largest tensors while they are in flight.
+  const size_t b = param_bucket_[index];
+  Bucket& st = *bucket_state_[b];
+  const torch::Tensor& grad = params_[index].grad();
+  if (buckets_[b].params.size() != 1 || st.buffer.defined() || !grad.defined() || grad.is_sparse() ||
+      !grad.is_contiguous() || grad.scalar_type() != params_[index].scalar_type() ||
+      grad.device() != params_[index].device() || grad.numel() != st.grad_numel)
+    return false;
+  st.buffer = grad.detach().view({-1});
+  param_slot_[index] = grad.detach();
+  params_[index].mutable_grad() = torch::Tensor();
+  return true;
 }
 
 void DistributedDataParallel::build_pieces() {
@@ -345,8 +359,9 @@ void DistributedDataParallel::build_pieces() {
       std::vector<int64_t> shape = p.sizes().vec();
       if (!shape.empty()) shape[0] = piece.row_end - piece.row_begin;
       piece.tensor = alias(p, piece.row_begin * row, shape);
-      piece.tensor.mutable_grad() = options_.stage() == ShardStage::kGradients ? alias(st.shard_grad, lo - own_begin, shape)
-                                                                               : alias(st.buffer, lo, shape);
+      piece.tensor.mutable_grad() = options_.stage() == ShardStage::kGradients
+                                        ? alias(st.shard_grad, lo - own_begin, shape)
+                                        : alias(st.buffer, lo, shape);
       pieces_.push_back(std::move(piece));
     }
   }
@@ -408,6 +423,10 @@ void DistributedDataParallel::on_grad_ready(size_t index) {
                       "after each backward, or use no_sync() for gradient accumulation");
   const size_t b = param_bucket_[index];
   const bool stage2 = options_.stage() == ShardStage::kGradients;
+  if (stage2 && adopt_gradient(index)) {
+    finish_grad_ready(index, b);
+    return;
+  }
   if (stage2) ensure_buffer(b);
   const torch::Tensor& grad = params_[index].grad();
   const torch::Tensor& slot = param_slot_[index];
@@ -419,6 +438,10 @@ void DistributedDataParallel::on_grad_ready(size_t index) {
     if (!grad.is_same(slot) && grad.data_ptr() != slot.data_ptr()) slot.copy_(grad);
   }
   if (stage2) params_[index].mutable_grad() = torch::Tensor();  // the full gradient is not kept (ZeRO-2)
+  finish_grad_ready(index, b);
+}
+
+void DistributedDataParallel::finish_grad_ready(size_t index, size_t b) {
   ready_[index] = 1;
   --bucket_state_[b]->pending;
   if (bucket_state_[b]->pending == 0) launch_ready_buckets(/*from_hook=*/true);
@@ -428,16 +451,16 @@ void DistributedDataParallel::on_grad_ready(size_t index) {
 void DistributedDataParallel::launch_ready_buckets(bool from_hook) {
   // Strictly in bucket order, so the asynchronous allreduces match across ranks.
   while (next_launch_ < buckets_.size() && bucket_state_[next_launch_]->pending == 0) launch(next_launch_++, from_hook);
-  // ZeRO-2: at most two buckets' buffers in flight; older ones are waited for, kept as this rank's range, freed.
+  // ZeRO-2: one bucket in flight besides the newest; older ones are waited for, kept as this rank's range, freed.
   if (options_.stage() == ShardStage::kGradients)
-    for (size_t b = 0; b + 2 < next_launch_; ++b) release_bucket(b);
+    for (size_t b = 0; b + 1 < next_launch_; ++b) release_bucket(b);
 }
 
 void DistributedDataParallel::launch(size_t b, bool from_hook) {
   Bucket& st = *bucket_state_[b];
   // Launched from a hook, the last bucket means every parameter was used; finish_backward writes the count
   // itself before it launches the rest.
-  if (from_hook && b + 1 == buckets_.size()) st.buffer.narrow(0, st.grad_numel, 1).zero_();
+  if (from_hook && b + 1 == buckets_.size() && !options_.sharded()) st.buffer.narrow(0, st.grad_numel, 1).zero_();
   ++stats_.buckets_launched;
   if (from_hook) ++stats_.buckets_launched_in_backward;
   if (st.comm->size() == 1) return;  // nothing to average with; the bucket already holds the result
@@ -512,8 +535,7 @@ std::vector<size_t> DistributedDataParallel::flush_unused() {
       }
   // The last bucket carries one extra element: the number of unused parameters on this rank. Its sum tells
   // every rank, with no extra collective, whether any rank has unused parameters.
-  if (next_launch_ < buckets_.size()) {
-    if (options_.stage() == ShardStage::kGradients) ensure_buffer(buckets_.size() - 1);
+  if (next_launch_ < buckets_.size() && !options_.sharded()) {  // sharded: its own allreduce (wait_for_reductions)
     Bucket& last = *bucket_state_.back();
     last.buffer.narrow(0, last.grad_numel, 1).fill_(static_cast<double>(unused.size()));
   }
@@ -622,7 +644,8 @@ void DistributedDataParallel::gather_parameters() {
       torch::Tensor buf = stage2 ? torch::empty({st.grad_numel}, st.shard_grad.options()) : st.buffer;
       for (; next_piece < pieces_.size() && param_bucket_[pieces_[next_piece].index] == b; ++next_piece) {
         const OwnedPiece& piece = pieces_[next_piece];
-        const int64_t row = params_[piece.index].numel() / std::max<int64_t>(1, params_[piece.index].dim() ? params_[piece.index].size(0) : 1);
+        const int64_t row = params_[piece.index].numel() /
+                            std::max<int64_t>(1, params_[piece.index].dim() ? params_[piece.index].size(0) : 1);
         buf.narrow(0, param_offset_[piece.index] + piece.row_begin * row, piece.tensor.numel())
             .copy_(piece.tensor.reshape(-1));
       }

@@ -92,6 +92,12 @@ torch::Tensor* adam_tensor(torch::optim::OptimizerParamState& s, const std::stri
   return nullptr;
 }
 
+std::unique_ptr<torch::optim::OptimizerParamState> fresh_param_state(const std::string& type) {
+  if (type == "sgd") return std::make_unique<torch::optim::SGDParamState>();
+  if (type == "adam") return std::make_unique<torch::optim::AdamParamState>();
+  return std::make_unique<torch::optim::AdamWParamState>();
+}
+
 }  // namespace
 
 TorchStateBinding::TorchStateBinding(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
@@ -265,14 +271,7 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
     if (!param || (key == "step" && type_ == "sgd")) continue;
 
     auto& slot = optimizer_.state()[state_key(*param)];
-    if (!slot) {
-      if (type_ == "sgd")
-        slot = std::make_unique<torch::optim::SGDParamState>();
-      else if (type_ == "adam")
-        slot = std::make_unique<torch::optim::AdamParamState>();
-      else
-        slot = std::make_unique<torch::optim::AdamWParamState>();
-    }
+    if (!slot) slot = fresh_param_state(type_);
     if (key == "step") {  // a step of another dtype or shape shows up in load_checkpoint's list
       steps_.push_back(0);
       step_params_.push_back(pname);

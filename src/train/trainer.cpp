@@ -115,9 +115,27 @@ class Trainer {
     }
     seed_rank_rng(config_.seed, comm_.rank());
     if (root_) log::root_info("model: " + model_.description);
+    if (sharded_) log_shards();
     for (const auto& [key, value] : model_.meta) ckpt_->set_meta(key, value);
     ckpt_->data().seed = config_.seed;
     ckpt_->data().global_batch = config_.batch_size;
+  }
+
+  // Collective. Rank 0 logs how many parameter elements each rank's optimizer holds (--shard).
+  void log_shards() {
+    int64_t owned = 0;
+    for (const auto& piece : ddp_->owned_pieces()) owned += piece.tensor.numel();
+    std::vector<int64_t> all(comm_.size());
+    comm_.allgather(&owned, all.data(), 1, DType::kI64);
+    if (!root_) return;
+    std::string list;
+    int64_t total = 0;
+    for (int64_t n : all) list += (list.empty() ? "" : ", ") + std::to_string(n), total += n;
+    const auto [lo, hi] = std::minmax_element(all.begin(), all.end());
+    log::root_info("shard: " + config_.shard + "; parameter elements whose optimizer state each rank holds: " + list +
+                   " (largest " +
+                   std::to_string(static_cast<double>(*hi) * comm_.size() / std::max<int64_t>(1, total)) +
+                   " x the even share, smallest " + std::to_string(*lo) + ")");
   }
 
   // Collective. --resume auto | PATH | none, --init-from (run_start.hpp); the run log starts; keep-best takes over.

@@ -219,16 +219,18 @@ TEST(Ddp, PiecesTileEveryParameterAndSplitTheLargeMatrix) {
       mine[piece.index] = piece.row_end - piece.row_begin;
       start[piece.index] = piece.row_begin;
       owned += piece.tensor.numel();
-      EXPECT_EQ(piece.tensor.data_ptr<float>(),
-                params[piece.index].data_ptr<float>() + piece.row_begin * (params[piece.index].numel() /
-                                                                           std::max<int64_t>(1, params[piece.index].size(0))));
+      EXPECT_EQ(
+          piece.tensor.data_ptr<float>(),
+          params[piece.index].data_ptr<float>() +
+              piece.row_begin * (params[piece.index].numel() / std::max<int64_t>(1, params[piece.index].size(0))));
     }
     comm.allgather(mine.data(), rows.data(), mine.size(), DType::kI64);
     comm.allgather(start.data(), first.data(), start.size(), DType::kI64);
     for (size_t i = 0; i < params.size(); ++i) {
       std::vector<std::pair<int64_t, int64_t>> pieces;
       for (int r = 0; r < n; ++r)
-        if (rows[r * params.size() + i] > 0) pieces.emplace_back(first[r * params.size() + i], rows[r * params.size() + i]);
+        if (rows[r * params.size() + i] > 0)
+          pieces.emplace_back(first[r * params.size() + i], rows[r * params.size() + i]);
       std::sort(pieces.begin(), pieces.end());
       int64_t next = 0;
       for (const auto& [b, count] : pieces) {

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# ZeRO-1 (--shard-optimizer) against the replicated optimizer (issue 25), side by side in one run: an MLP whose
+# The sharding stages (--shard, issues 25 and 39) against the replicated run, side by side in one run: an MLP whose
 # Adam state is over 1 GB, at 1, 2 and 4 ranks. Per run of h5ddp-train: peak RSS of every rank (GNU time
 # around each rank), training throughput (samples/s of the last logged interval), the final save's seconds
 # (fsync on), then a second run that only resumes (load_seconds of metrics.jsonl, peak RSS of the load).
-# Which mode goes first alternates by repetition. Prints medians; raw lines go to $LOG.
+# The modes' order rotates by repetition. Prints medians; raw lines go to $LOG.
 #
 #   tools/bench/zero_bench.sh [build-dir]   env: REPS=2 RANKS="1 2 4" HIDDEN=6144,6144,6144,6144,6144 STEPS=3
 #                                                BATCH=8 DIR=/tmp (run directories; one checkpoint at a time)
+#                                                MODES="replicated optimizer gradients" (--shard none|...)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-${H5DDP_BINARY_DIR:-$here/../../build}}
 train=$build/tools/h5ddp-train
 python=${H5DDP_PYTHON:-/usr/bin/python3}
 REPS=${REPS:-2}
+MODES=${MODES:-replicated optimizer gradients}
 RANKS=${RANKS:-"1 2 4"}
 HIDDEN=${HIDDEN:-6144,6144,6144,6144,6144}
 STEPS=${STEPS:-3}
@@ -28,7 +30,7 @@ trap 'rm -rf "$run_dir"' EXIT
 # one MODE NP REP: a training run (STEPS steps, final save) and a resume-only run; appends RESULT lines.
 one() {
   local mode=$1 np=$2 rep=$3 flags=()
-  [[ $mode == sharded ]] && flags=(--shard-optimizer)
+  [[ $mode != replicated ]] && flags=(--shard "$mode")
   rm -rf "$run_dir"
   local common=(--model mlp --mlp-hidden "$HIDDEN" --batch-size "$BATCH" --no-eval --keep-last 1
     --log-every "$STEPS" --run-dir "$run_dir" "${flags[@]}")
@@ -54,8 +56,8 @@ EOF
 echo "# $(date -u +%FT%TZ) $(nproc --all) cores, MLP hidden $HIDDEN, batch $BATCH, $STEPS steps, load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$LOG"
 for rep in $(seq 1 "$REPS"); do
   for np in $RANKS; do
-    if ((rep % 2)); then order="replicated sharded"; else order="sharded replicated"; fi
-    for mode in $order; do one "$mode" "$np" "$rep"; done
+    read -ra modes <<<"$MODES"
+    for k in "${!modes[@]}"; do one "${modes[(k + rep - 1) % ${#modes[@]}]}" "$np" "$rep"; done
   done
 done
 "$python" - "$LOG" <<'EOF'
@@ -72,10 +74,10 @@ print("|---|---|---|---|---|---|---|")
 for (np, mode), rs in sorted(rows.items()):
     print(f"| {np} | {mode} | {med(rs, 'train_rss_mib_max'):.0f} | {med(rs, 'load_rss_mib_max'):.0f} | "
           f"{med(rs, 'samples_per_s'):.2f} | {med(rs, 'save_s'):.2f} | {med(rs, 'load_s'):.2f} |")
-for np in sorted({k[0] for k in rows}):
-    if (np, "replicated") in rows and (np, "sharded") in rows:
-        r, s = rows[(np, "replicated")], rows[(np, "sharded")]
-        print(f"ranks {np}: sharded/replicated peak RSS {med(s, 'train_rss_mib_max') / med(r, 'train_rss_mib_max'):.2f}, "
+for np, mode in sorted(rows):
+    if mode != "replicated" and (np, "replicated") in rows:
+        r, s = rows[(np, "replicated")], rows[(np, mode)]
+        print(f"ranks {np}: {mode}/replicated peak RSS {med(s, 'train_rss_mib_max') / med(r, 'train_rss_mib_max'):.2f}, "
               f"throughput {med(s, 'samples_per_s') / med(r, 'samples_per_s'):.2f}, save time "
               f"{med(s, 'save_s') / med(r, 'save_s'):.2f}, load time {med(s, 'load_s') / med(r, 'load_s'):.2f}")
 EOF
