@@ -39,8 +39,9 @@ struct DatasetPlan {
   const void* src = nullptr;   // save: this rank's full copy of the bytes (C order)
   void* dst = nullptr;         // load: where the bytes go
   uint64_t checksum = 0;
-  bool tensor = false;  // save: src is a caller's tensor (hashed while writing, not in the plan)
-  int owner = -1;       // >= 0: sharded, only rank `owner` holds the bytes (src is null elsewhere) and writes them
+  bool tensor = false;       // save: src is a caller's tensor (hashed while writing, not in the plan)
+  int owner = -1;            // >= 0: sharded, only rank `owner` holds the bytes (src is null elsewhere) and writes them
+  std::vector<int> holders;  // sharded, whole: the ranks holding a copy (owner among them; the copies must agree)
   // Element-range sharding: the ranks' row pieces, which tile the dataset (index unused); each rank writes (or
   // reads) its own, and src (dst) holds only this rank's rows, from row src_row on. Empty: not split.
   std::vector<Segment> pieces;
@@ -90,6 +91,7 @@ struct SavePlan {
 struct ShardPlacement {
   int owner = -1;
   std::vector<Segment> pieces;  // (rank, rows) each; empty: whole
+  std::vector<int> holders;     // whole: every rank listing it (their copies must agree)
 };
 // Collective, for state.optimizer.sharded: every rank's share of the optimizer state merged into the full
 // logical state (groups' parameter lists and state entries in the model's order, as a replicated optimizer

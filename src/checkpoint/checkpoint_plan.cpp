@@ -102,6 +102,7 @@ DatasetPlan tensor_plan(const std::string& path, const TensorRef& t, const Shard
   d.src = t.data;
   d.tensor = true;
   d.owner = where.pieces.empty() ? where.owner : -1;
+  d.holders = where.holders;
   d.pieces = where.pieces;
   bool holds_piece = false;
   for (const Segment& s : d.pieces)
@@ -333,7 +334,7 @@ void place_entries(ShardListing& listing, std::vector<ShardPlacement>& placement
     ShardPlacement p;
     if (!e.any_piece) {
       p.owner = e.listed.front().rank;
-      for (const Segment& s : e.listed) p.owner = std::min(p.owner, s.rank);
+      for (const Segment& s : e.listed) p.owner = std::min(p.owner, s.rank), p.holders.push_back(s.rank);
       for (const Segment& s : e.listed)  // held twice: only a split parameter's whole state (Adam's step) may be
         if (s.rank != p.owner &&
             !(split.count({param_of(e.ref.name), s.rank}) && split.count({param_of(e.ref.name), p.owner})))

@@ -56,12 +56,21 @@ void agree_on_plan(Comm& comm, const ckpt::SavePlan& plan) {
                           "attributes; no file written:" +
                           seen));
   }
+  // Replicas compared by their sample hashes: every rank's copy of a replicated dataset, and the copies of a
+  // sharded whole entry that several ranks hold (Adam's step of a split parameter); a rank without a copy takes
+  // no part (min over UINT64_MAX, max over 0). A shard or a row piece has no replicas.
   std::vector<uint64_t> lo, hi;
-  for (const auto& d : plan.datasets)
-    lo.push_back(d.owner >= 0 || !d.pieces.empty() ? 0
-                 : d.tensor                        ? ckpt::sample_hash(d.src, d.nbytes())
-                                                   : d.checksum);  // shards: no replicas
-  hi = lo;
+  for (const auto& d : plan.datasets) {
+    const bool copies = d.owner >= 0 && d.holders.size() > 1;
+    const bool holds = std::find(d.holders.begin(), d.holders.end(), comm.rank()) != d.holders.end();
+    uint64_t h = 0;
+    if (copies && holds && d.src)
+      h = ckpt::sample_hash(d.src, d.nbytes());
+    else if (d.owner < 0 && d.pieces.empty())
+      h = d.tensor ? ckpt::sample_hash(d.src, d.nbytes()) : d.checksum;
+    lo.push_back(copies && !holds ? UINT64_MAX : h);
+    hi.push_back(copies && !holds ? 0 : h);
+  }
   comm.allreduce(lo.data(), lo.size(), DType::kU64, ReduceOp::kMin);
   comm.allreduce(hi.data(), hi.size(), DType::kU64, ReduceOp::kMax);
   std::string differ;

@@ -159,6 +159,27 @@ TEST(RowPiecesBad, OverlapOrGapOnSaveIsAnAgreedErrorAndWritesNothing) {
   }
 }
 
+// The copies of a whole entry that several ranks hold (Adam's step of the split tensor) must agree.
+TEST(RowPiecesBad, DifferingCopiesOfAWholeEntryAreAnAgreedError) {
+  auto& world = test::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = test::scratch_dir("rowpieces-copies");
+  OwnedState mine(kSeed, world.rank());
+  TrainState shard = shard_of(mine.state, world.rank(), world.size(), false);
+  int64_t other_step = 0;
+  if (world.rank() == 1)
+    for (auto& t : shard.optimizer.state)
+      if (t.name == "big.weight/step") t.data = &other_step;
+  try {
+    save_checkpoint(world, shard, dir, quick(WriteMode::kAuto));
+    ADD_FAILURE() << "saved differing copies of big.weight/step";
+  } catch (const DisagreementError& e) {
+    EXPECT_NE(std::string(e.what()).find("/optimizer/state/big.weight/step"), std::string::npos) << e.what();
+  }
+  world.barrier();
+  EXPECT_TRUE(fs::is_empty(dir));
+}
+
 TEST(RowPiecesBad, OverlapOnLoadIsAMismatchOnEveryRank) {
   auto& world = test::world();
   if (world.size() < 2) GTEST_SKIP() << "needs 2 ranks";
