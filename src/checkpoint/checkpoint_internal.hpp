@@ -71,9 +71,18 @@ struct HashPiece {
   const void* data = nullptr;   // this rank's bytes [begin, end) where rank is this rank
 };
 std::vector<std::pair<size_t, uint64_t>> chained_hashes(MpiComm& comm, std::vector<HashPiece> pieces);
-// Pure. Where the row pieces of a dataset of `rows` rows (one name, rank per piece) leave rows unowned or owned
-// twice: one line each, naming `name` and the ranks; "" when they tile it.
-std::string piece_coverage(const std::string& name, int64_t rows, std::vector<Segment> pieces);
+// One sharded optimizer-state entry as the ranks list it: (rank, rows) per listing rank, all rows for a whole listing.
+struct EntryListing {
+  std::string name;
+  int64_t rows = 0;
+  bool any_piece = false;  // some rank lists rows of it only
+  std::vector<Segment> listed;
+};
+// Pure. Where the listings break the rules of sharded state (save and load alike): the rows of an entry some rank
+// holds in pieces must be held by exactly one rank each; a whole entry may be held by several ranks only where
+// each of them holds rows of the same parameter (Adam's step of a split parameter). One line per problem, each
+// "\n" + indent + text naming the entry, rows and ranks; "" when there is none.
+std::string listing_problems(const std::vector<EntryListing>& entries, const std::string& indent);
 
 // Pure. Assigns each whole dataset to one rank, greedily balancing bytes (used to share checksum work).
 std::vector<int> assign_whole_datasets(const std::vector<DatasetPlan>& datasets, int world);

@@ -79,41 +79,27 @@ std::string shard_coverage(Comm& comm, const std::vector<TensorRef>& refs, const
   if (!mine.empty()) comm.allgather(mine.data(), all.data(), mine.size(), DType::kI64);
   std::string out;
   pieces.assign(found.size(), {});
-  // (parameter, rank) where the rank loads rows of the parameter's state: there a whole entry of the same
-  // parameter (Adam's step) may be loaded by several ranks; anywhere else that is an overlap.
-  auto param_of = [](const std::string& entry) { return entry.substr(0, entry.rfind('/')); };
-  std::set<std::pair<std::string, int>> split;
-  for (size_t i = 0; i < found.size(); ++i)
-    for (int r = 0; r < comm.size(); ++r)
-      if (all[(static_cast<size_t>(r) * found.size() + i) * 3] == 2) split.emplace(param_of(found[i].name), r);
+  std::vector<ckpt::EntryListing> listings;  // entries some rank loads, named by their dataset paths
   for (size_t i = 0; i < found.size(); ++i) {
     const std::string path = std::string(format::kOptimizerStateGroup) + "/" + found[i].name;
-    std::vector<ckpt::Segment> listed;
-    bool any_piece = false;
+    ckpt::EntryListing e{path, found[i].shape.empty() ? 1 : found[i].shape[0], false, {}};
     for (int r = 0; r < comm.size(); ++r) {
       const int64_t* c = &all[(static_cast<size_t>(r) * found.size() + i) * 3];
       if (c[0] == 0) continue;
-      any_piece = any_piece || c[0] == 2;
-      listed.push_back(ckpt::Segment{i, r, static_cast<uint64_t>(c[1]), static_cast<uint64_t>(c[2])});
+      e.any_piece = e.any_piece || c[0] == 2;
+      e.listed.push_back(ckpt::Segment{i, r, static_cast<uint64_t>(c[1]), static_cast<uint64_t>(c[2])});
     }
-    if (listed.empty())
+    if (e.listed.empty())
       out +=
           "\n  not in the optimizer state of any rank: " + path + " (" + describe(found[i].dtype, found[i].shape) + ")";
-    size_t shared = 0;  // ranks loading this whole entry that hold no rows of its parameter
-    for (const auto& s : listed) shared += split.count({param_of(found[i].name), s.rank}) ? 0 : 1;
-    if (!any_piece && listed.size() > 1 && shared > 0)
-      out += "\n  " + path + " would be loaded by " + std::to_string(listed.size()) +
-             " ranks (their optimizer shards overlap)";
-    if (!any_piece) continue;
-    const int64_t rows = found[i].shape.empty() ? 1 : found[i].shape[0];
-    std::string problems = ckpt::piece_coverage(path, rows, listed);  // lines of its own indented for a save
-    for (size_t at = problems.find("\n    "); at != std::string::npos; at = problems.find("\n    ", at + 3))
-      problems.erase(at + 1, 2);
-    out += problems;
-    std::sort(listed.begin(), listed.end(),
-              [](const ckpt::Segment& a, const ckpt::Segment& b) { return a.row_begin < b.row_begin; });
-    pieces[i] = std::move(listed);
+    if (e.any_piece) {
+      pieces[i] = e.listed;
+      std::sort(pieces[i].begin(), pieces[i].end(),
+                [](const ckpt::Segment& a, const ckpt::Segment& b) { return a.row_begin < b.row_begin; });
+    }
+    listings.push_back(std::move(e));
   }
+  out += ckpt::listing_problems(listings, "  ");
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <list>
 #include <map>
+#include <set>
 
 #include "checkpoint/checkpoint_internal.hpp"
 #include "h5ddp/error.hpp"
@@ -56,25 +57,57 @@ std::vector<std::pair<size_t, uint64_t>> chained_hashes(MpiComm& comm, std::vect
   return out;
 }
 
-std::string piece_coverage(const std::string& name, int64_t rows, std::vector<Segment> pieces) {
+namespace {
+
+// Where the row pieces of one entry leave rows unowned or owned twice.
+std::string piece_coverage(const EntryListing& e, const std::string& indent) {
+  std::vector<Segment> pieces = e.listed;
   std::sort(pieces.begin(), pieces.end(), [](const Segment& a, const Segment& b) {
     return a.row_begin != b.row_begin ? a.row_begin < b.row_begin : a.rank < b.rank;
   });
   std::string out;
-  auto range = [](uint64_t b, uint64_t e) { return "rows [" + std::to_string(b) + ", " + std::to_string(e) + ")"; };
+  auto range = [](uint64_t b, uint64_t f) { return "rows [" + std::to_string(b) + ", " + std::to_string(f) + ")"; };
   uint64_t covered = 0;
   int last_rank = -1;
   for (const Segment& s : pieces) {
     if (s.row_end <= s.row_begin) continue;
     if (s.row_begin > covered)
-      out += "\n    " + range(covered, s.row_begin) + " of " + name + " are held by no rank";
+      out += "\n" + indent + range(covered, s.row_begin) + " of " + e.name + " are held by no rank";
     else if (s.row_begin < covered)
-      out += "\n    " + range(s.row_begin, std::min(covered, s.row_end)) + " of " + name + " are held by ranks " +
-             std::to_string(last_rank) + " and " + std::to_string(s.rank);
+      out += "\n" + indent + range(s.row_begin, std::min(covered, s.row_end)) + " of " + e.name +
+             " are held by ranks " + std::to_string(last_rank) + " and " + std::to_string(s.rank);
     if (s.row_end > covered) covered = s.row_end, last_rank = s.rank;
   }
-  if (covered < static_cast<uint64_t>(rows))
-    out += "\n    " + range(covered, static_cast<uint64_t>(rows)) + " of " + name + " are held by no rank";
+  if (covered < static_cast<uint64_t>(e.rows))
+    out += "\n" + indent + range(covered, static_cast<uint64_t>(e.rows)) + " of " + e.name + " are held by no rank";
+  return out;
+}
+
+std::string parameter_of(const std::string& entry) {
+  return entry.substr(0, entry.rfind('/'));
+}
+
+}  // namespace
+
+std::string listing_problems(const std::vector<EntryListing>& entries, const std::string& indent) {
+  std::set<std::pair<std::string, int>> split;  // (parameter, rank) where the rank holds rows of its state
+  for (const auto& e : entries)
+    if (e.any_piece)
+      for (const Segment& s : e.listed) split.emplace(parameter_of(e.name), s.rank);
+  std::string out;
+  for (const auto& e : entries) {
+    if (e.any_piece) {
+      out += piece_coverage(e, indent);
+      continue;
+    }
+    int lowest = e.listed.empty() ? 0 : e.listed.front().rank;
+    for (const Segment& s : e.listed) lowest = std::min(lowest, s.rank);
+    for (const Segment& s : e.listed)
+      if (s.rank != lowest &&
+          !(split.count({parameter_of(e.name), s.rank}) && split.count({parameter_of(e.name), lowest})))
+        out +=
+            "\n" + indent + e.name + " is held by ranks " + std::to_string(lowest) + " and " + std::to_string(s.rank);
+  }
   return out;
 }
 

@@ -324,24 +324,16 @@ void parse_shard(const std::string& text, int r, int rank, const OptimizerState&
 // list, e.g. Adam's step of a parameter split between them, holds the same value on each); split entries in
 // their ranks' pieces, which must tile the tensor.
 void place_entries(ShardListing& listing, std::vector<ShardPlacement>& placement) {
+  std::vector<EntryListing> check;
+  for (const auto& e : listing.entries) check.push_back(EntryListing{e.ref.name, e.ref.rows(), e.any_piece, e.listed});
+  listing.problems += listing_problems(check, "    ");
   placement.clear();
-  auto param_of = [](const std::string& entry) { return entry.substr(0, entry.rfind('/')); };
-  std::set<std::pair<std::string, int>> split;  // (parameter, rank) where the rank holds rows of its state
-  for (const auto& e : listing.entries)
-    if (e.any_piece)
-      for (const Segment& s : e.listed) split.emplace(param_of(e.ref.name), s.rank);
   for (auto& e : listing.entries) {
     ShardPlacement p;
     if (!e.any_piece) {
       p.owner = e.listed.front().rank;
       for (const Segment& s : e.listed) p.owner = std::min(p.owner, s.rank), p.holders.push_back(s.rank);
-      for (const Segment& s : e.listed)  // held twice: only a split parameter's whole state (Adam's step) may be
-        if (s.rank != p.owner &&
-            !(split.count({param_of(e.ref.name), s.rank}) && split.count({param_of(e.ref.name), p.owner})))
-          listing.problems +=
-              "\n    " + e.ref.name + " is held by ranks " + std::to_string(p.owner) + " and " + std::to_string(s.rank);
     } else {
-      listing.problems += piece_coverage(e.ref.name, e.ref.rows(), e.listed);
       p.pieces = e.listed;
       std::sort(p.pieces.begin(), p.pieces.end(),
                 [](const Segment& a, const Segment& b) { return a.row_begin < b.row_begin; });

@@ -252,6 +252,20 @@ Comm& DistributedDataParallel::comm_for(const torch::Device& device) const {
   return device.is_cuda() ? *options_.device_comm : comm_;
 }
 
+namespace {
+// Elements per row of dimension 0 (the unit sharding cuts at): 1 for scalars, vectors and empty tensors.
+int64_t row_numel(const torch::Tensor& p) {
+  return p.dim() == 0 || p.size(0) == 0 ? 1 : p.numel() / p.size(0);
+}
+
+// A tensor of `shape` over `storage` from element `offset` on: an alias, not an autograd view (optimizers'
+// zero_grad() calls detach_() on .grad, which LibTorch refuses for views).
+torch::Tensor alias(const torch::Tensor& base, int64_t offset, c10::IntArrayRef shape) {
+  return torch::empty({0}, base.options().requires_grad(false))
+      .set_(base.storage(), base.storage_offset() + offset, shape, c10::contiguous_strides(shape));
+}
+}  // namespace
+
 void DistributedDataParallel::build_buckets() {
   // One group key per (dtype, device) pair, numbered in first-seen order (the same on every rank).
   std::vector<std::pair<torch::ScalarType, std::string>> keys;
@@ -273,18 +287,17 @@ void DistributedDataParallel::build_buckets() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     auto st = std::make_unique<Bucket>();
     const auto& first = params_[buckets_[b].params.front()];
-    std::vector<int64_t> numel, row_numel;
+    std::vector<int64_t> numel, rows;
     for (size_t i : buckets_[b].params) {
       param_bucket_[i] = b;
       param_offset_[i] = st->grad_numel;
       st->grad_numel += params_[i].numel();
       numel.push_back(params_[i].numel());
-      row_numel.push_back(params_[i].dim() == 0 || params_[i].size(0) == 0 ? 1
-                                                                           : params_[i].numel() / params_[i].size(0));
+      rows.push_back(row_numel(params_[i]));
     }
     st->comm = &comm_for(first.device());
     if (options_.sharded()) {
-      const std::vector<int64_t> cuts = split_bucket(numel, row_numel, comm_.size());
+      const std::vector<int64_t> cuts = split_bucket(numel, rows, comm_.size());
       for (int r = 0; r < comm_.size(); ++r) st->counts.push_back(static_cast<size_t>(cuts[r + 1] - cuts[r]));
       st->own_offset = cuts[comm_.rank()];
       st->own_count = cuts[comm_.rank() + 1] - cuts[comm_.rank()];
@@ -305,15 +318,6 @@ void DistributedDataParallel::build_buckets() {
     hook_keys_[i] = accumulators_[i]->add_post_hook(std::make_unique<GradReadyHook>(this, i));
   }
 }
-
-namespace {
-// A tensor of `shape` over `storage` from element `offset` on: an alias, not an autograd view (optimizers'
-// zero_grad() calls detach_() on .grad, which LibTorch refuses for views).
-torch::Tensor alias(const torch::Tensor& base, int64_t offset, c10::IntArrayRef shape) {
-  return torch::empty({0}, base.options().requires_grad(false))
-      .set_(base.storage(), base.storage_offset() + offset, shape, c10::contiguous_strides(shape));
-}
-}  // namespace
 
 void DistributedDataParallel::ensure_buffer(size_t b) {
   Bucket& st = *bucket_state_[b];
@@ -341,7 +345,6 @@ bool DistributedDataParallel::adopt_gradient(size_t index) {
 }
 
 void DistributedDataParallel::build_pieces() {
-  const int rank = comm_.rank();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& st = *bucket_state_[b];
     const int64_t own_begin = st.own_offset, own_end = st.own_offset + st.own_count;
@@ -351,7 +354,7 @@ void DistributedDataParallel::build_pieces() {
         throw ConfigError("DDP: sharding needs contiguous parameters; '" + param_names_[i] + "' is not");
       const int64_t lo = std::max(own_begin, param_offset_[i]), hi = std::min(own_end, param_offset_[i] + p.numel());
       if (hi <= lo) continue;
-      const int64_t row = p.dim() == 0 || p.size(0) == 0 ? 1 : p.numel() / p.size(0);
+      const int64_t row = row_numel(p);
       OwnedPiece piece;
       piece.index = i;
       piece.row_begin = (lo - param_offset_[i]) / row;
@@ -365,7 +368,6 @@ void DistributedDataParallel::build_pieces() {
       pieces_.push_back(std::move(piece));
     }
   }
-  (void)rank;
 }
 
 void DistributedDataParallel::release_bucket(size_t b) {
@@ -644,9 +646,8 @@ void DistributedDataParallel::gather_parameters() {
       torch::Tensor buf = stage2 ? torch::empty({st.grad_numel}, st.shard_grad.options()) : st.buffer;
       for (; next_piece < pieces_.size() && param_bucket_[pieces_[next_piece].index] == b; ++next_piece) {
         const OwnedPiece& piece = pieces_[next_piece];
-        const int64_t row = params_[piece.index].numel() /
-                            std::max<int64_t>(1, params_[piece.index].dim() ? params_[piece.index].size(0) : 1);
-        buf.narrow(0, param_offset_[piece.index] + piece.row_begin * row, piece.tensor.numel())
+        buf.narrow(0, param_offset_[piece.index] + piece.row_begin * row_numel(params_[piece.index]),
+                   piece.tensor.numel())
             .copy_(piece.tensor.reshape(-1));
       }
       st.comm->allgatherv(buf.data_ptr(), st.counts, to_dtype(buf.scalar_type()));
