@@ -13,6 +13,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,7 +36,7 @@ enum class ShardStage {
   kNone = 0,        // replicated: every rank holds everything (DDP)
   kOptimizer = 1,   // ZeRO-1: optimizer state split; gradients reduce-scattered, full gradient buffers kept
   kGradients = 2,   // ZeRO-2: + only this rank's range of the averaged gradients is kept
-  kParameters = 3,  // ZeRO-3: + parameters kept as shards, gathered per unit (not built: ConfigError)
+  kParameters = 3,  // ZeRO-3: + parameters kept as shards, gathered per unit (run_unit)
 };
 const char* shard_stage_name(ShardStage s);  // "none", "optimizer", "gradients", "parameters"
 
@@ -62,7 +63,13 @@ struct DdpOptions {
   // Stage 1 keeps every bucket's full gradient buffer (the parameters' .grad, zero outside this rank's range);
   // stage 2 frees each bucket once its reduction is done, so only this rank's range of the gradients stays
   // (the parameters' .grad is undefined after finish_backward). reduce_bf16 does not apply to sharded buckets.
+  // Stage 3 keeps each parameter as this rank's rows only (the pieces own their memory); the parameters' own
+  // storage is empty except while run_unit() runs a unit's forward, or autograd runs its backward.
   ShardStage shard = ShardStage::kNone;
+  // Stage 3: the units a forward runs one at a time (run_unit), as module names: a parameter belongs to the unit
+  // whose name prefixes its own ("fc1" holds "fc1.weight"). Empty: the module's top-level children that hold
+  // parameters. Every synchronised parameter must belong to exactly one unit.
+  std::vector<std::string> units;
   bool shard_optimizer = false;  // the same as shard = kOptimizer (when shard is kNone)
   ShardStage stage() const {
     return shard != ShardStage::kNone ? shard : shard_optimizer ? ShardStage::kOptimizer : shard;
@@ -135,8 +142,22 @@ class DistributedDataParallel {
   // What this rank's optimizer steps: sharded, the pieces' tensors (possibly none); else the parameters.
   std::vector<torch::Tensor> owned_parameters() const;
   // Collective, sharded only, after optimizer.step(): every rank receives the elements the other ranks updated
-  // (one allgatherv per bucket). Afterwards every gradient this rank holds is zero, as after zero_grad().
+  // (one allgatherv per bucket; stage 3: none, the next run_unit gathers). Afterwards every gradient this rank
+  // holds is zero, as after zero_grad().
   void gather_parameters();
+
+  // Stage 3 (ZeRO-3). The model's forward runs each unit through run_unit: collective, it gathers the unit's
+  // parameters (allgatherv of every rank's rows into the parameters' storage), runs `forward`, and frees the
+  // storage again; when the result needs a gradient, a hook on it gathers the parameters again just before
+  // autograd runs the unit's backward, and they are freed once their gradients are accumulated (each gradient
+  // is reduce-scattered as it becomes ready, as in stage 2). Every rank must run the same units in the same
+  // order. The result must depend on the unit's parameters through autograd only. Other stages: returns
+  // forward(). ConfigError for a name that is not a unit.
+  torch::Tensor run_unit(const std::string& unit, const std::function<torch::Tensor()>& forward);
+  const std::vector<std::string>& unit_names() const { return unit_names_; }
+  // Collective (stage 3: gathers each unit in turn). Copies of the synchronised parameters, whole, in parameters()
+  // order: the model's weights for an export or a comparison, whatever the stage.
+  std::vector<torch::Tensor> full_parameters();
 
   // Collective, after finish_backward (outside no_sync). Clips the global L2 norm of the averaged gradients to
   // `max_norm` (> 0), as torch.nn.utils.clip_grad_norm_ does: total = the norm of the per-tensor norms,
@@ -156,7 +177,8 @@ class DistributedDataParallel {
     double comm_wait_seconds = 0;  // time finish_backward spent waiting for allreduces
     double finish_seconds = 0;     // total time in finish_backward (wait + launch + average + copy)
     double broadcast_seconds = 0;  // buffer broadcasts in prepare_forward
-    double gather_seconds = 0;     // gather_parameters (shard_optimizer)
+    double gather_seconds = 0;     // gather_parameters (stages 1-2), run_unit's gathers (stage 3)
+    size_t unit_gathers = 0;       // stage 3: units gathered (forward and backward)
   };
   const Stats& stats() const { return stats_; }
   void reset_stats() { stats_ = Stats{}; }
@@ -197,6 +219,20 @@ class DistributedDataParallel {
   std::vector<int64_t> param_offset_;  // param -> first element in its bucket
   std::vector<OwnedPiece> pieces_;     // sharded: this rank's row ranges
   void build_pieces();
+  bool keeps_grad_shards() const { return options_.stage() >= ShardStage::kGradients; }  // stages 2 and 3
+  // Stage 3.
+  std::string resolve_units();      // param_unit_ from options_.units; returns the problem, if any
+  void gather_unit(size_t u);       // collective
+  void release_unit(size_t u);      // local: the unit's parameters' storage freed
+  void note_unit_grad(size_t index);  // a gradient of the unit accumulated; the last frees the unit
+  std::vector<std::string> unit_names_;
+  std::vector<std::vector<size_t>> unit_params_;
+  std::vector<size_t> param_unit_;
+  std::vector<size_t> param_nbytes_;   // stage 3: each parameter's storage size
+  std::vector<size_t> param_piece_;    // stage 3: param -> its piece in pieces_ (SIZE_MAX: none here)
+  std::string unit_problem_;
+  std::vector<uint8_t> unit_gathered_;
+  std::vector<size_t> unit_left_;      // stage 3: gradients still to accumulate in this backward, per unit
   void ensure_buffer(size_t b);       // stage 2: the bucket's buffer (and its slots) for this step
   void release_bucket(size_t b);      // stage 2: this rank's averaged range kept, the buffer freed
   bool adopt_gradient(size_t index);  // stage 2: a one-parameter bucket reduces autograd's gradient in place

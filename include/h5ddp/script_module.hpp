@@ -17,11 +17,16 @@
 
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace h5ddp {
+
+// Runs one unit of a model's forward (`forward`, the unit named `unit`): DistributedDataParallel::run_unit
+// under shard stage 3, which gathers the unit's parameters around it. Models call it around each layer.
+using UnitRunner = std::function<torch::Tensor(const std::string& unit, const std::function<torch::Tensor()>& forward)>;
 
 class ScriptModule : public torch::nn::Module {
  public:
@@ -33,6 +38,14 @@ class ScriptModule : public torch::nn::Module {
   // The script's forward on one tensor; throws h5ddp::Error naming the file and the input's shape when the
   // script rejects it or returns something other than a tensor.
   torch::Tensor forward(const torch::Tensor& x);
+  // Shard stage 3: forward then runs the script's top-level children one at a time, each through `run` (named as
+  // in the state dict: "0", "1", ... for an nn.Sequential). Throws ConfigError naming the file unless the script's
+  // forward is such a chain (sequential_problem()).
+  void set_unit_runner(UnitRunner run);
+  // Empty when forward only calls top-level children, each on the previous one's output, and returns the last
+  // output (a scripted or traced nn.Sequential); otherwise what else it does.
+  std::string sequential_problem() const;
+
   // Sets the training flag of the mirror and of every submodule of the script (BatchNorm, Dropout read it).
   void train(bool on = true) override;
 

@@ -33,8 +33,11 @@ class TorchStateBinding {
   // OptimizerState::sharded and an import allocates state only for the parameters the optimizer holds.
   // `pieces`: tensors the optimizer holds in place of parameters (their rows); the state of a piece that covers
   // only some rows is exported and imported as TensorRef row pieces.
+  // `model_sharded` (shard stage 3): the trainable parameters are held as the pieces only (their own storage is
+  // empty between uses), so the model is exported and imported as the pieces' rows: every trainable parameter is
+  // a TensorRef row piece, with no rows on a rank that holds none of it.
   TorchStateBinding(torch::nn::Module& model, torch::optim::Optimizer& optimizer, std::string optimizer_type,
-                    bool sharded = false, std::vector<ParamPiece> pieces = {});
+                    bool sharded = false, std::vector<ParamPiece> pieces = {}, bool model_sharded = false);
 
   // Local. Fills state.model, state.optimizer (type, groups, per-parameter state) and state.rng with
   // views of the current values. The views stay valid until the next optimizer step or import.
@@ -67,6 +70,7 @@ class TorchStateBinding {
     int64_t row_begin = 0, row_end = -1;
   };
   TensorRef view(const std::string& name, torch::Tensor t);
+  TensorRef model_view(const std::string& name, const torch::Tensor& p);  // a parameter (its rows, stage 3)
   TensorRef held_view(const Held& h, const std::string& name, torch::Tensor t);
   const Held& held_of(const torch::Tensor& p) const;
   const Held* held_named(const std::string& name) const;
@@ -76,6 +80,7 @@ class TorchStateBinding {
   torch::optim::Optimizer& optimizer_;
   std::string type_;
   bool sharded_ = false;
+  bool model_sharded_ = false;
   std::vector<std::pair<std::string, torch::Tensor>> params_, buffers_;
   std::vector<Held> held_;  // what the optimizer holds, in the model's order
   std::vector<Staged> staged_;

@@ -108,6 +108,17 @@ struct ShardPlacement {
 // placement[i] says where entry i is. Row pieces that leave rows unowned or owned twice, entries listed with
 // different shapes, different group counts: DisagreementError on every rank, naming the rows and ranks.
 OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::vector<ShardPlacement>& placement);
+// Whether state.model holds tensors in row pieces (shard stage 3: refs with row_end >= 0, listed by every rank,
+// with no rows where the rank holds none).
+inline bool model_is_sharded(const TrainState& state) {
+  for (const auto& t : state.model)
+    if (t.row_end >= 0) return true;
+  return false;
+}
+// Collective. state.model with its row pieces merged between the ranks as merge_optimizer_shards merges the
+// optimizer's; placement[i] says where tensor i is (empty: replicated, every rank holds it). Pieces that leave
+// rows unowned or owned twice: DisagreementError on every rank.
+std::vector<TensorRef> merge_model_pieces(Comm& comm, const TrainState& state, std::vector<ShardPlacement>& placement);
 // Collective (allgathers the rng rows). Builds the plan and computes the checksums of the small datasets;
 // tensor datasets (`tensor` set) get theirs while they are written (see save_checkpoint).
 SavePlan make_save_plan(Comm& comm, const TrainState& state);

@@ -63,14 +63,25 @@ std::string compare_refs(const std::string& what, const std::string& group, cons
 // by at least one rank, and an entry some rank loads in row pieces by exactly one rank per row (whole entries
 // several ranks load, such as Adam's step of a split parameter, are fine). Returns the problems (one line
 // each); `pieces[i]` gets entry i's row pieces, the same on every rank (empty: loaded whole).
-std::string shard_coverage(Comm& comm, const std::vector<TensorRef>& refs, const std::vector<TensorInfo>& found,
-                           std::vector<std::vector<ckpt::Segment>>& pieces) {
+// Sharded entries of the file (stage 3's model tensors, then a sharded optimizer's state), with the refs that
+// load them, both by dataset path.
+struct ShardedEntries {
+  std::vector<TensorInfo> found;
+  std::vector<std::string> paths;
+  std::vector<std::pair<std::string, const TensorRef*>> refs;
+  size_t model_entries = 0;  // found[0, model_entries) are model tensors
+};
+
+std::string shard_coverage(Comm& comm, const ShardedEntries& sharded, std::vector<std::vector<ckpt::Segment>>& pieces) {
+  const std::vector<TensorInfo>& found = sharded.found;
+  const size_t n_model = sharded.model_entries;
   std::map<std::string, size_t> index;
-  for (size_t i = 0; i < found.size(); ++i) index.emplace(found[i].name, i);
+  for (size_t i = 0; i < found.size(); ++i) index.emplace(sharded.paths[i], i);
   // Per entry: kind (0 not loaded here, 1 whole, 2 rows), row_begin, row_end.
   std::vector<int64_t> mine(3 * found.size(), 0);
-  for (const auto& r : refs)
-    if (auto it = index.find(r.name); it != index.end()) {
+  for (const auto& [path, ref] : sharded.refs)
+    if (auto it = index.find(path); it != index.end()) {
+      const TensorRef& r = *ref;
       mine[3 * it->second] = r.piece() ? 2 : 1;
       mine[3 * it->second + 1] = r.piece() ? r.row_begin : 0;
       mine[3 * it->second + 2] = r.piece() ? r.row_end : r.rows();
@@ -81,17 +92,19 @@ std::string shard_coverage(Comm& comm, const std::vector<TensorRef>& refs, const
   pieces.assign(found.size(), {});
   std::vector<ckpt::EntryListing> listings;  // entries some rank loads, named by their dataset paths
   for (size_t i = 0; i < found.size(); ++i) {
-    const std::string path = std::string(format::kOptimizerStateGroup) + "/" + found[i].name;
+    const std::string& path = sharded.paths[i];
     ckpt::EntryListing e{path, found[i].shape.empty() ? 1 : found[i].shape[0], false, {}};
+    bool listed = false;
     for (int r = 0; r < comm.size(); ++r) {
       const int64_t* c = &all[(static_cast<size_t>(r) * found.size() + i) * 3];
       if (c[0] == 0) continue;
+      listed = true;
       e.any_piece = e.any_piece || c[0] == 2;
+      if (c[0] == 2 && c[1] == c[2]) continue;  // a rank holding none of a stage-3 model tensor's rows
       e.listed.push_back(ckpt::Segment{i, r, static_cast<uint64_t>(c[1]), static_cast<uint64_t>(c[2])});
     }
-    if (e.listed.empty())
-      out +=
-          "\n  not in the optimizer state of any rank: " + path + " (" + describe(found[i].dtype, found[i].shape) + ")";
+    if (!listed)
+      out += "\n  not in the " + std::string(i < n_model ? "model" : "optimizer state") + " of any rank: " + path + " (" + describe(found[i].dtype, found[i].shape) + ")";
     if (e.any_piece) {
       pieces[i] = e.listed;
       std::sort(pieces[i].begin(), pieces[i].end(),
@@ -103,20 +116,22 @@ std::string shard_coverage(Comm& comm, const std::vector<TensorRef>& refs, const
   return out;
 }
 
+DatasetPlan load_one(const TensorRef& r, std::string path, uint64_t checksum) {
+  DatasetPlan d;
+  d.path = std::move(path);
+  d.dtype = r.dtype;
+  d.shape = r.shape;
+  d.dst = r.data;
+  d.checksum = checksum;
+  return d;
+}
+
 std::vector<DatasetPlan> load_plan(const std::vector<TensorRef>& refs, const std::vector<TensorInfo>& found,
                                    std::string (*dataset_path)(const std::string&)) {
   std::map<std::string, uint64_t> sums;
   for (const auto& t : found) sums[t.name] = t.checksum;
   std::vector<DatasetPlan> out;
-  for (const auto& r : refs) {
-    DatasetPlan d;
-    d.path = dataset_path(r.name);
-    d.dtype = r.dtype;
-    d.shape = r.shape;
-    d.dst = r.data;
-    d.checksum = sums.at(r.name);
-    out.push_back(std::move(d));
-  }
+  for (const auto& r : refs) out.push_back(load_one(r, dataset_path(r.name), sums.at(r.name)));
   return out;
 }
 
@@ -413,17 +428,39 @@ std::vector<RngState> read_rng(hid_t f, const CheckpointManifest& m, const std::
   return rows;
 }
 
+// The file's entries loaded in shares: the model tensors the refs hold in row pieces (every rank lists each such
+// tensor, with no rows where it holds none), then, when sharded, all of the optimizer state.
+ShardedEntries sharded_entries(const TrainState& state, const CheckpointManifest& m) {
+  ShardedEntries out;
+  std::set<std::string> piece_names;
+  for (const auto& r : state.model)
+    if (r.row_end >= 0) {
+      piece_names.insert(r.name);
+      out.refs.emplace_back(format::model_dataset(r.name), &r);
+    }
+  for (const auto& t : m.model)
+    if (piece_names.count(t.name)) out.found.push_back(t), out.paths.push_back(format::model_dataset(t.name));
+  out.model_entries = out.found.size();
+  if (!state.optimizer.sharded) return out;
+  for (const auto& r : state.optimizer.state) out.refs.emplace_back(format::optimizer_state_dataset(r.name), &r);
+  for (const auto& t : m.optimizer_state)
+    out.found.push_back(t), out.paths.push_back(format::optimizer_state_dataset(t.name));
+  return out;
+}
+
 // Collective. The destinations must match the file exactly: ONE CheckpointMismatchError on every rank listing
 // every difference of the refs (the lowest failing rank's list).
 void check_destinations(MpiComm& comm, const std::string& path, const CheckpointManifest& m, const TrainState& state,
                         std::vector<std::vector<ckpt::Segment>>& pieces) {
   comm.require_same(state.optimizer.sharded ? 1 : 0, "whether the optimizer state is sharded");
+  comm.require_same(ckpt::model_is_sharded(state) ? 1 : 0, "whether the model is held in row pieces");
   const bool sharded = state.optimizer.sharded;
   std::string diff =
       compare_refs("model", format::kModelGroup, state.model, m.model) +
       compare_refs("optimizer state", format::kOptimizerStateGroup, state.optimizer.state, m.optimizer_state, sharded) +
       compare_refs("user state", format::kUserGroup, state.user, m.user);
-  if (sharded) diff += shard_coverage(comm, state.optimizer.state, m.optimizer_state, pieces);
+  const ShardedEntries entries = sharded_entries(state, m);
+  if (!entries.found.empty()) diff += shard_coverage(comm, entries, pieces);
   if (!diff.empty()) {
     size_t n = 0;
     for (char c : diff) n += c == '\n';
@@ -433,44 +470,48 @@ void check_destinations(MpiComm& comm, const std::string& path, const Checkpoint
   comm.rethrow_first(ckpt::checkpoint_error(diff, /*mismatch=*/true));
 }
 
-// The tensors to read: `shared` every rank reads (or receives) whole; with sharded optimizer state, `own` holds
-// the entries this rank's optimizer holds, which it alone reads.
-// Entries split in row pieces (element-range sharding) are in `own` too: each rank reads its rows, and the
-// ranks verify each such dataset together (ckpt::chained_hashes over `pieces`, by manifest index).
+// The tensors to read: `shared` every rank reads (or receives) whole; `own` the sharded entries (sharded_entries)
+// this rank holds, which it alone reads: a sharded optimizer's entries, and stage 3's model rows.
+// Entries split in row pieces (element-range sharding) are read by rows: each rank reads its rows, and the ranks
+// verify each such dataset together (ckpt::chained_hashes over `pieces`, by sharded entry).
 struct TensorPlan {
   std::vector<DatasetPlan> shared, own;
-  bool sharded = false;                            // agreed (check_destinations)
-  std::vector<std::vector<ckpt::Segment>> pieces;  // per optimizer-state entry of the manifest; empty: whole
-  std::vector<size_t> own_entry;                   // own[i] is manifest entry own_entry[i]
-  std::vector<uint64_t> row_bytes;                 // per optimizer-state entry of the manifest
+  bool sharded = false;                            // some entries are read in shares (agreed: check_destinations)
+  std::vector<std::vector<ckpt::Segment>> pieces;  // per sharded entry; empty: whole
+  std::vector<size_t> own_entry;                   // own[i] is sharded entry own_entry[i]
+  std::vector<uint64_t> row_bytes;                 // per sharded entry
 };
 TensorPlan plan_tensors(const TrainState& state, const CheckpointManifest& m,
                         std::vector<std::vector<ckpt::Segment>> pieces) {
   TensorPlan p;
-  p.sharded = state.optimizer.sharded;
-  p.shared = load_plan(state.model, m.model, format::model_dataset);
-  p.own = load_plan(state.optimizer.state, m.optimizer_state, format::optimizer_state_dataset);
+  const ShardedEntries entries = sharded_entries(state, m);
+  p.sharded = !entries.found.empty();
   p.pieces = std::move(pieces);
-  for (const auto& t : m.optimizer_state) {
+  std::map<std::string, size_t> entry;
+  for (size_t i = 0; i < entries.found.size(); ++i) {
+    const TensorInfo& t = entries.found[i];
     const uint64_t rows = t.shape.empty() ? 1 : static_cast<uint64_t>(t.shape[0]);
     p.row_bytes.push_back(rows ? t.nbytes() / rows : 0);
+    entry.emplace(entries.paths[i], i);
   }
-  if (p.sharded) {
-    std::map<std::string, size_t> entry;
-    for (size_t i = 0; i < m.optimizer_state.size(); ++i) entry.emplace(m.optimizer_state[i].name, i);
-    for (size_t k = 0; k < p.own.size(); ++k) {
-      const TensorRef& r = state.optimizer.state[k];
-      p.own_entry.push_back(entry.at(r.name));
-      if (p.pieces[p.own_entry.back()].empty()) continue;
-      p.own[k].pieces = p.pieces[p.own_entry.back()];
-      p.own[k].src_row = static_cast<uint64_t>(r.row_begin);
-      p.own[k].src_row_end = static_cast<uint64_t>(r.row_end);
-    }
+  for (const auto& [path, ref] : entries.refs) {
+    const TensorRef& r = *ref;
+    const size_t e = entry.at(path);
+    if (r.piece() && r.row_begin == r.row_end) continue;  // none of its rows here
+    p.own.push_back(load_one(r, path, entries.found[e].checksum));
+    p.own_entry.push_back(e);
+    if (p.pieces[e].empty()) continue;
+    p.own.back().pieces = p.pieces[e];
+    p.own.back().src_row = static_cast<uint64_t>(r.piece() ? r.row_begin : 0);
+    p.own.back().src_row_end = static_cast<uint64_t>(r.piece() ? r.row_end : r.rows());
   }
-  if (!p.sharded) {
-    for (auto& d : p.own) p.shared.push_back(std::move(d));
-    p.own.clear();
-  }
+  std::vector<TensorRef> whole_model;
+  for (const auto& r : state.model)
+    if (r.row_end < 0) whole_model.push_back(r);
+  p.shared = load_plan(whole_model, m.model, format::model_dataset);
+  if (!state.optimizer.sharded)
+    for (auto& d : load_plan(state.optimizer.state, m.optimizer_state, format::optimizer_state_dataset))
+      p.shared.push_back(std::move(d));
   for (auto& d : load_plan(state.user, m.user, format::user_dataset)) p.shared.push_back(std::move(d));
   return p;
 }

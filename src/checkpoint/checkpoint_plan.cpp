@@ -134,15 +134,18 @@ std::string hex_double(double v) {
   return b;
 }
 
-// `opt` is state.optimizer, or its merged form when sharded (then `placement` says where each entry is).
+// `opt` is state.optimizer, or its merged form when sharded (then `placement` says where each entry is);
+// `model` is state.model with its row pieces merged (then `model_placement` says where those are).
 void add_local_datasets(SavePlan& plan, const TrainState& state, const OptimizerState& opt,
-                        const std::vector<ShardPlacement>& placement, int rank) {
+                        const std::vector<ShardPlacement>& placement, const std::vector<TensorRef>& model,
+                        const std::vector<ShardPlacement>& model_placement, int rank) {
   std::set<std::string> seen;
   auto add = [&](DatasetPlan d) {
     if (!seen.insert(d.path).second) throw CheckpointError("two tensors map to the same dataset " + d.path);
     plan.datasets.push_back(std::move(d));
   };
-  for (const auto& t : state.model) add(tensor_plan(format::model_dataset(t.name), t));
+  for (size_t i = 0; i < model.size(); ++i)
+    add(tensor_plan(format::model_dataset(model[i].name), model[i], model_placement[i], rank));
   for (size_t i = 0; i < opt.state.size(); ++i)
     add(tensor_plan(format::optimizer_state_dataset(opt.state[i].name), opt.state[i],
                     placement.empty() ? ShardPlacement{} : placement[i], rank));
@@ -252,7 +255,7 @@ struct ShardListing {
 };
 
 // One "S..." line of rank r's text; the data pointer is this rank's own where the entry is its own.
-TensorRef parse_state_line(const std::string& line, int r, int rank, const OptimizerState& own) {
+TensorRef parse_state_line(const std::string& line, int r, int rank, const std::vector<TensorRef>& own) {
   std::istringstream f(line.substr(1));
   std::string dtype;
   size_t dims = 0;
@@ -265,7 +268,7 @@ TensorRef parse_state_line(const std::string& line, int r, int rank, const Optim
   f.get();
   std::getline(f, t.name);
   if (r == rank)
-    for (const auto& mine : own.state)
+    for (const auto& mine : own)
       if (mine.name == t.name) t.data = mine.data;
   return t;
 }
@@ -292,7 +295,7 @@ void add_listing(ShardListing& out, TensorRef t, int r, int rank) {
 }
 
 // Adds rank r's text to `out` (group count checked against rank 0's).
-void parse_shard(const std::string& text, int r, int rank, const OptimizerState& own, ShardListing& out) {
+void parse_shard(const std::string& text, int r, int rank, const std::vector<TensorRef>& own, ShardListing& out) {
   std::istringstream in(text);
   std::string line;
   std::getline(in, line);
@@ -334,7 +337,8 @@ void place_entries(ShardListing& listing, std::vector<ShardPlacement>& placement
       p.owner = e.listed.front().rank;
       for (const Segment& s : e.listed) p.owner = std::min(p.owner, s.rank), p.holders.push_back(s.rank);
     } else {
-      p.pieces = e.listed;
+      for (const Segment& s : e.listed)  // a rank holding none of the rows lists an empty piece (stage 3's model)
+        if (s.row_end > s.row_begin) p.pieces.push_back(s);
       std::sort(p.pieces.begin(), p.pieces.end(),
                 [](const Segment& a, const Segment& b) { return a.row_begin < b.row_begin; });
     }
@@ -347,7 +351,7 @@ void place_entries(ShardListing& listing, std::vector<ShardPlacement>& placement
 OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::vector<ShardPlacement>& placement) {
   const std::vector<std::string> texts = allgather_strings(comm, describe_shard(state.optimizer));
   ShardListing listing;
-  for (int r = 0; r < comm.size(); ++r) parse_shard(texts[r], r, comm.rank(), state.optimizer, listing);
+  for (int r = 0; r < comm.size(); ++r) parse_shard(texts[r], r, comm.rank(), state.optimizer.state, listing);
   if (listing.problems.empty()) place_entries(listing, placement);
 
   // The model's order (registration order) orders the merged lists, as a replicated optimizer lists them.
@@ -392,14 +396,45 @@ OptimizerState merge_optimizer_shards(Comm& comm, const TrainState& state, std::
   return out;
 }
 
+std::vector<TensorRef> merge_model_pieces(Comm& comm, const TrainState& state, std::vector<ShardPlacement>& placement) {
+  std::vector<TensorRef> out = state.model;
+  placement.assign(out.size(), ShardPlacement{});
+  if (!comm.agree(model_is_sharded(state) ? 1 : 0))
+    throw_agreed(DisagreementError("some ranks hold the model in row pieces (shard stage 3) and others whole"));
+  if (!model_is_sharded(state)) return out;
+  OptimizerState pieces;  // the model tensors held in row pieces, listed as a shard is (no groups)
+  for (const auto& t : state.model)
+    if (t.row_end >= 0) pieces.state.push_back(t);
+  const std::vector<std::string> texts = allgather_strings(comm, describe_shard(pieces));
+  ShardListing listing;
+  for (int r = 0; r < comm.size(); ++r) parse_shard(texts[r], r, comm.rank(), pieces.state, listing);
+  std::vector<ShardPlacement> where;
+  if (listing.problems.empty()) place_entries(listing, where);
+  if (!listing.problems.empty())
+    throw_agreed(DisagreementError("the ranks' row pieces of the model do not partition it; no file written:" +
+                                   listing.problems));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i].row_end < 0) continue;
+    auto it = listing.index.find(out[i].name);
+    if (it == listing.index.end())  // every rank lists every piece (some empty): the same names everywhere
+      throw CheckpointError("model tensor '" + out[i].name + "' is missing from the ranks' listing");
+    placement[i] = where[it->second];
+    if (!placement[i].pieces.empty() && out[i].held_nbytes() > 0 && !out[i].piece())
+      out[i].row_begin = 0, out[i].row_end = out[i].rows();
+  }
+  return out;
+}
+
 SavePlan make_save_plan(Comm& comm, const TrainState& state) {
   SavePlan plan;
   OptimizerState merged;
-  std::vector<ShardPlacement> owners;
+  std::vector<ShardPlacement> owners, model_placement;
   if (state.optimizer.sharded) merged = merge_optimizer_shards(comm, state, owners);
   const OptimizerState& opt = state.optimizer.sharded ? merged : state.optimizer;
+  const std::vector<TensorRef> model = merge_model_pieces(comm, state, model_placement);
   // Local part first (it may throw on a bad name); agree on its outcome before the collective part.
-  comm.rethrow_first(checkpoint_error_of([&] { add_local_datasets(plan, state, opt, owners, comm.rank()); }));
+  comm.rethrow_first(checkpoint_error_of(
+      [&] { add_local_datasets(plan, state, opt, owners, model, model_placement, comm.rank()); }));
   add_rng_datasets(comm, plan, state);
 
   std::string desc;

@@ -1,5 +1,6 @@
 #include "h5ddp/ddp.hpp"
 
+#include <c10/core/StorageImpl.h>
 #include <c10/util/strides.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -145,6 +146,7 @@ DistributedDataParallel::DistributedDataParallel(Comm& comm, torch::nn::Module& 
     param_names_.push_back(item.key());
   }
   for (const auto& item : module_->named_buffers(/*recurse=*/true)) buffers_.push_back(item.value());
+  if (options_.stage() == ShardStage::kParameters) unit_problem_ = resolve_units();
 
   check_same_model();
 
@@ -179,8 +181,7 @@ std::string DistributedDataParallel::local_model_problem() const {
   for (const auto& b : buffers_) has_cuda = has_cuda || b.is_cuda();
   if (has_cuda && options_.device_comm == nullptr)
     local_error = "DDP: the module has CUDA tensors but DdpOptions::device_comm (an NcclComm) is not set";
-  if (options_.stage() == ShardStage::kParameters)
-    local_error = "DDP: shard stage 3 (parameters) is not built yet; use ShardStage::kGradients (ZeRO-2) or kOptimizer";
+  if (!unit_problem_.empty()) local_error = unit_problem_;
   if (options_.device_comm && options_.device_comm->size() != comm_.size())
     local_error = "DDP: device_comm has " + std::to_string(options_.device_comm->size()) + " ranks, comm has " +
                   std::to_string(comm_.size());
@@ -198,6 +199,8 @@ std::vector<std::string> DistributedDataParallel::model_signature() const {
                     " bucket_cap_bytes=" + std::to_string(options_.bucket_cap_bytes) +
                     " broadcast_buffers=" + std::to_string(options_.broadcast_buffers) + " find_unused_parameters=" +
                     std::to_string(options_.find_unused_parameters) + " shard=" + shard_stage_name(options_.stage()));
+  if (options_.stage() == ShardStage::kParameters)
+    for (const auto& u : unit_names_) entries.front() += " unit=" + u;
   for (size_t i = 0; i < params_.size(); ++i) {
     std::ostringstream s;
     s << "parameter '" << param_names_[i] << "' " << dtype_name(to_dtype(params_[i].scalar_type()))
@@ -278,7 +281,14 @@ void DistributedDataParallel::build_buckets() {
     if (it == keys.end()) keys.push_back(k);
     nbytes.push_back(p.nbytes());
   }
-  buckets_ = assign_buckets(nbytes, group, options_.first_bucket_bytes, options_.bucket_cap_bytes);
+  if (options_.stage() == ShardStage::kParameters) {
+    // ZeRO-3: a bucket per parameter (backward order), so a unit's gradients leave as soon as they are ready,
+    // each reduced in autograd's own tensor (adopt_gradient), and a unit is gathered straight into its parameters.
+    buckets_.clear();
+    for (size_t i = params_.size(); i-- > 0;) buckets_.push_back(BucketSpec{{i}, nbytes[i]});
+  } else {
+    buckets_ = assign_buckets(nbytes, group, options_.first_bucket_bytes, options_.bucket_cap_bytes);
+  }
 
   param_bucket_.assign(params_.size(), 0);
   param_offset_.assign(params_.size(), 0);
@@ -302,12 +312,17 @@ void DistributedDataParallel::build_buckets() {
       st->own_offset = cuts[comm_.rank()];
       st->own_count = cuts[comm_.rank() + 1] - cuts[comm_.rank()];
     }
-    if (options_.stage() == ShardStage::kGradients)
+    if (keeps_grad_shards())
       st->shard_grad = torch::zeros({st->own_count}, first.options().requires_grad(false));
     bucket_state_.push_back(std::move(st));
-    if (options_.stage() != ShardStage::kGradients) ensure_buffer(b);
+    if (!keeps_grad_shards()) ensure_buffer(b);
   }
   if (options_.sharded()) build_pieces();
+  if (options_.stage() == ShardStage::kParameters) {
+    // The pieces now hold this rank's rows; the parameters' own storage is freed until run_unit needs it.
+    std::fill(unit_gathered_.begin(), unit_gathered_.end(), 1);
+    for (size_t u = 0; u < unit_params_.size(); ++u) release_unit(u);
+  }
 
   accumulators_.resize(params_.size());
   hook_keys_.resize(params_.size());
@@ -345,6 +360,7 @@ bool DistributedDataParallel::adopt_gradient(size_t index) {
 }
 
 void DistributedDataParallel::build_pieces() {
+  param_piece_.assign(params_.size(), SIZE_MAX);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& st = *bucket_state_[b];
     const int64_t own_begin = st.own_offset, own_end = st.own_offset + st.own_count;
@@ -361,8 +377,14 @@ void DistributedDataParallel::build_pieces() {
       piece.row_end = (hi - param_offset_[i]) / row;
       std::vector<int64_t> shape = p.sizes().vec();
       if (!shape.empty()) shape[0] = piece.row_end - piece.row_begin;
-      piece.tensor = alias(p, piece.row_begin * row, shape);
-      piece.tensor.mutable_grad() = options_.stage() == ShardStage::kGradients
+      if (options_.stage() == ShardStage::kParameters) {  // rows of its own: the parameter's storage is freed
+        piece.tensor = torch::empty(shape, p.options().requires_grad(false));
+        piece.tensor.copy_(alias(p, piece.row_begin * row, shape));
+        param_piece_[i] = pieces_.size();
+      } else {
+        piece.tensor = alias(p, piece.row_begin * row, shape);
+      }
+      piece.tensor.mutable_grad() = keeps_grad_shards()
                                         ? alias(st.shard_grad, lo - own_begin, shape)
                                         : alias(st.buffer, lo, shape);
       pieces_.push_back(std::move(piece));
@@ -413,7 +435,10 @@ void DistributedDataParallel::sync_buffers() {
 }
 
 void DistributedDataParallel::on_grad_ready(size_t index) {
-  if (no_sync_) return;  // gradients accumulate in .grad locally
+  if (no_sync_) {  // gradients accumulate in .grad locally
+    if (options_.stage() == ShardStage::kParameters) note_unit_grad(index);
+    return;
+  }
   // CUDA backward runs hooks on per-device autograd threads; a module on several devices needs the lock.
   std::lock_guard<std::mutex> lock(mutex_);
   if (!armed_)
@@ -424,7 +449,7 @@ void DistributedDataParallel::on_grad_ready(size_t index) {
                       "' was produced twice in one step (two backward passes?); call finish_backward "
                       "after each backward, or use no_sync() for gradient accumulation");
   const size_t b = param_bucket_[index];
-  const bool stage2 = options_.stage() == ShardStage::kGradients;
+  const bool stage2 = keeps_grad_shards();
   if (stage2 && adopt_gradient(index)) {
     finish_grad_ready(index, b);
     return;
@@ -448,13 +473,14 @@ void DistributedDataParallel::finish_grad_ready(size_t index, size_t b) {
   --bucket_state_[b]->pending;
   if (bucket_state_[b]->pending == 0) launch_ready_buckets(/*from_hook=*/true);
   drive_progress();
+  if (options_.stage() == ShardStage::kParameters) note_unit_grad(index);
 }
 
 void DistributedDataParallel::launch_ready_buckets(bool from_hook) {
   // Strictly in bucket order, so the asynchronous allreduces match across ranks.
   while (next_launch_ < buckets_.size() && bucket_state_[next_launch_]->pending == 0) launch(next_launch_++, from_hook);
   // ZeRO-2: one bucket in flight besides the newest; older ones are waited for, kept as this rank's range, freed.
-  if (options_.stage() == ShardStage::kGradients)
+  if (keeps_grad_shards())
     for (size_t b = 0; b + 1 < next_launch_; ++b) release_bucket(b);
 }
 
@@ -503,6 +529,7 @@ void DistributedDataParallel::finish_backward() {
     used_work = comm_.allreduce_async(used_map.data_ptr(), params_.size(), DType::kI32, ReduceOp::kSum);
   }
   double total_unused = wait_for_reductions(unused.size(), used_work.get());
+  for (size_t u = 0; u < unit_gathered_.size(); ++u) release_unit(u);  // a unit some gradient never reached
   armed_ = false;
   next_launch_ = 0;
   average_gradients();
@@ -525,7 +552,7 @@ std::vector<size_t> DistributedDataParallel::flush_unused() {
   for (size_t b = next_launch_; b < buckets_.size(); ++b)
     for (size_t i : buckets_[b].params)
       if (!ready_[i]) {
-        if (options_.stage() == ShardStage::kGradients) ensure_buffer(b);
+        if (keeps_grad_shards()) ensure_buffer(b);
         unused.push_back(i);
         const torch::Tensor& grad = params_[i].grad();
         if (!grad.defined())
@@ -547,7 +574,7 @@ std::vector<size_t> DistributedDataParallel::flush_unused() {
 
 double DistributedDataParallel::wait_for_reductions(size_t unused_here, Work* used_work) {
   const auto tw = Clock::now();
-  if (options_.stage() == ShardStage::kGradients)
+  if (keeps_grad_shards())
     for (size_t b = 0; b < buckets_.size(); ++b) release_bucket(b);
   for (auto& st : bucket_state_) {
     if (!st->work) continue;
@@ -571,7 +598,7 @@ double DistributedDataParallel::wait_for_reductions(size_t unused_here, Work* us
 
 void DistributedDataParallel::average_gradients() {
   const double world = comm_.size();
-  if (options_.stage() == ShardStage::kGradients) return;  // release_bucket averaged this rank's range
+  if (keeps_grad_shards()) return;  // release_bucket averaged this rank's range
   if (world > 1 && options_.sharded()) {
     // This rank's segment holds the sum over ranks; the rest holds this rank's own gradients: zeroed, so that
     // the next backward accumulates from zero and no stale gradient is mistaken for an average.
@@ -586,7 +613,7 @@ void DistributedDataParallel::average_gradients() {
 }
 
 void DistributedDataParallel::point_grads_at_buckets(const torch::Tensor& used_map) {
-  if (options_.stage() == ShardStage::kGradients) return;  // ZeRO-2 keeps no full gradients
+  if (keeps_grad_shards()) return;  // ZeRO-2 keeps no full gradients
   for (size_t i = 0; i < params_.size(); ++i) {
     torch::Tensor& grad = params_[i].mutable_grad();
     if (used_map.defined() && used_map[static_cast<int64_t>(i)].item<int32_t>() == 0 && !grad.defined()) continue;
@@ -637,11 +664,11 @@ void DistributedDataParallel::gather_parameters() {
   H5DDP_CHECK(!armed_ || next_launch_ == 0, "DDP: gather_parameters while gradient buckets are in flight");
   const auto t0 = Clock::now();
   torch::NoGradGuard no_grad;
-  const bool stage2 = options_.stage() == ShardStage::kGradients;
+  const bool stage2 = keeps_grad_shards();
   size_t next_piece = 0;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& st = *bucket_state_[b];
-    if (st.comm->size() > 1) {
+    if (st.comm->size() > 1 && options_.stage() != ShardStage::kParameters) {  // stage 3: run_unit gathers
       // Stage 1 gathers through the bucket (its gradients are spent); stage 2 through a buffer of one bucket.
       torch::Tensor buf = stage2 ? torch::empty({st.grad_numel}, st.shard_grad.options()) : st.buffer;
       for (; next_piece < pieces_.size() && param_bucket_[pieces_[next_piece].index] == b; ++next_piece) {
@@ -660,6 +687,128 @@ void DistributedDataParallel::gather_parameters() {
       st.buffer.zero_();
   }
   stats_.gather_seconds += seconds_since(t0);
+}
+
+namespace {
+// Stage 3: a parameter's storage emptied (its shape and autograd identity stay) and refilled. Autograd's saved
+// tensors of the parameter share the storage, so a backward sees whatever it holds when it runs.
+void free_storage(const torch::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+void allocate_storage(const torch::Tensor& t, size_t nbytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  c10::Allocator* a = s->allocator() != nullptr ? s->allocator() : c10::GetAllocator(t.device().type());
+  s->set_data_ptr_noswap(a->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+}  // namespace
+
+std::string DistributedDataParallel::resolve_units() {
+  unit_names_ = options_.units;
+  if (unit_names_.empty())
+    for (const auto& child : module_->named_children())
+      if (!child.value()->parameters(/*recurse=*/true).empty()) unit_names_.push_back(child.key());
+  unit_params_.assign(unit_names_.size(), {});
+  param_unit_.assign(params_.size(), SIZE_MAX);
+  param_nbytes_.assign(params_.size(), 0);
+  unit_gathered_.assign(unit_names_.size(), 0);
+  unit_left_.assign(unit_names_.size(), 0);
+  std::string loose, units;
+  for (const auto& n : unit_names_) units += (units.empty() ? "'" : ", '") + n + "'";
+  std::vector<const void*> storages;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const torch::Tensor& p = params_[i];
+    const std::string& name = param_names_[i];
+    for (size_t u = 0; u < unit_names_.size(); ++u) {
+      if (name.compare(0, unit_names_[u].size() + 1, unit_names_[u] + ".") != 0) continue;
+      if (param_unit_[i] != SIZE_MAX)
+        return "DDP: parameter '" + name + "' is in two units, '" + unit_names_[param_unit_[i]] + "' and '" +
+               unit_names_[u] + "'";
+      param_unit_[i] = u;
+      unit_params_[u].push_back(i);
+    }
+    if (param_unit_[i] == SIZE_MAX) loose += (loose.empty() ? "'" : ", '") + name + "'";
+    const void* storage = p.storage().unsafeGetStorageImpl();
+    if (p.storage_offset() != 0 || p.storage().nbytes() != p.nbytes() || !p.is_contiguous() ||
+        std::find(storages.begin(), storages.end(), storage) != storages.end())
+      return "DDP: shard stage 3 frees each parameter's storage between uses, so each must own its storage "
+             "whole; '" + name + "' is a view of, or shares, another tensor's";
+    storages.push_back(storage);
+    param_nbytes_[i] = p.nbytes();
+  }
+  if (!loose.empty())
+    return "DDP: shard stage 3 runs the model unit by unit (units: " + (units.empty() ? "none" : units) +
+           "), and no unit holds the parameters " + loose + " (DdpOptions::units lists module names)";
+  return "";
+}
+
+torch::Tensor DistributedDataParallel::run_unit(const std::string& unit,
+                                                const std::function<torch::Tensor()>& forward) {
+  if (options_.stage() != ShardStage::kParameters) return forward();
+  auto it = std::find(unit_names_.begin(), unit_names_.end(), unit);
+  if (it == unit_names_.end()) throw ConfigError("DDP: run_unit: '" + unit + "' is not a unit of the model");
+  const size_t u = static_cast<size_t>(it - unit_names_.begin());
+  gather_unit(u);
+  torch::Tensor out;
+  try {
+    out = forward();
+  } catch (...) {
+    release_unit(u);
+    throw;
+  }
+  // Autograd reaches the hook with the output's gradient, before the unit's own backward: gather it again then.
+  if (out.defined() && out.requires_grad()) out.register_hook([this, u](const torch::Tensor&) { gather_unit(u); });
+  release_unit(u);
+  return out;
+}
+
+std::vector<torch::Tensor> DistributedDataParallel::full_parameters() {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> out(params_.size());
+  if (options_.stage() != ShardStage::kParameters) {
+    for (size_t i = 0; i < params_.size(); ++i) out[i] = params_[i].detach().clone();
+    return out;
+  }
+  for (size_t u = 0; u < unit_params_.size(); ++u) {
+    const bool was = unit_gathered_[u] != 0;
+    gather_unit(u);
+    for (size_t i : unit_params_[u]) out[i] = params_[i].detach().clone();
+    if (!was) release_unit(u);
+  }
+  return out;
+}
+
+void DistributedDataParallel::gather_unit(size_t u) {
+  if (unit_gathered_[u]) return;
+  const auto t0 = Clock::now();
+  torch::NoGradGuard no_grad;
+  for (size_t i : unit_params_[u]) {
+    const torch::Tensor& p = params_[i];
+    allocate_storage(p, param_nbytes_[i]);
+    if (param_piece_[i] != SIZE_MAX) {  // this rank's rows first, through an alias (the parameter's version stays)
+      const OwnedPiece& piece = pieces_[param_piece_[i]];
+      alias(p, piece.row_begin * row_numel(p), piece.tensor.sizes()).copy_(piece.tensor);
+    }
+    Bucket& st = *bucket_state_[param_bucket_[i]];
+    if (st.comm->size() > 1) st.comm->allgatherv(p.data_ptr(), st.counts, to_dtype(p.scalar_type()));
+  }
+  unit_gathered_[u] = 1;
+  unit_left_[u] = unit_params_[u].size();
+  ++stats_.unit_gathers;
+  stats_.gather_seconds += seconds_since(t0);
+}
+
+void DistributedDataParallel::release_unit(size_t u) {
+  if (!unit_gathered_[u]) return;
+  for (size_t i : unit_params_[u]) free_storage(params_[i]);
+  unit_gathered_[u] = 0;
+}
+
+void DistributedDataParallel::note_unit_grad(size_t index) {
+  const size_t u = param_unit_[index];
+  if (unit_left_[u] > 0 && --unit_left_[u] == 0) release_unit(u);
 }
 
 void DistributedDataParallel::raise_unused(const std::vector<size_t>& unused_local) {

@@ -88,13 +88,21 @@ struct Snapshot {
 };
 
 struct Checkpointer::Impl {
-  Impl(torch::nn::Module& m, torch::optim::Optimizer& o, bool sharded, std::vector<ParamPiece> pieces)
-      : model(m), optimizer(o), type(optimizer_type_of(o)), binding(m, o, type, sharded, std::move(pieces)) {}
+  Impl(torch::nn::Module& m, torch::optim::Optimizer& o, bool sharded, std::vector<ParamPiece> pieces_in,
+       bool model_sharded_in)
+      : model(m),
+        optimizer(o),
+        type(optimizer_type_of(o)),
+        binding(m, o, type, sharded, pieces_in, model_sharded_in),
+        pieces(std::move(pieces_in)),
+        model_sharded(model_sharded_in) {}
 
   torch::nn::Module& model;
   torch::optim::Optimizer& optimizer;
   std::string type;
   TorchStateBinding binding;
+  std::vector<ParamPiece> pieces;
+  bool model_sharded = false;  // shard stage 3: the trainable parameters are the pieces (their storage is empty)
   std::vector<Tracked> tracked;
   std::map<std::string, std::string> meta;
   std::string shard = "none";  // /meta shard: how the optimizer state was split when the file was written
@@ -108,7 +116,10 @@ struct Checkpointer::Impl {
 
   std::vector<torch::Tensor> model_tensors() {
     std::vector<torch::Tensor> out;
-    for (auto& p : model.parameters(true)) out.push_back(p);
+    for (auto& p : model.parameters(true))
+      if (!model_sharded || !p.requires_grad()) out.push_back(p);
+    for (auto& piece : pieces)
+      if (model_sharded) out.push_back(piece.tensor);
     for (auto& b : model.buffers(true)) out.push_back(b);
     for (auto& t : tracked)
       if (t.tensor.defined()) out.push_back(t.tensor);
@@ -151,8 +162,16 @@ struct Checkpointer::Impl {
   TorchStateBinding* scratch_destinations(const CheckpointManifest& manifest, TrainState& st, Scratch& scratch) {
     TorchStateBinding* b = &binding;
     if (!manifest.optimizer_type.empty() && manifest.optimizer_type != type) {
-      scratch.optimizer = scratch_optimizer(manifest.optimizer_type, model.parameters(true));
-      scratch.binding = std::make_unique<TorchStateBinding>(model, *scratch.optimizer, manifest.optimizer_type);
+      if (model_sharded) {  // stage 3: a scratch optimizer over the pieces, the model imported as their rows
+        std::vector<torch::Tensor> held;
+        for (const auto& piece : pieces) held.push_back(piece.tensor);
+        scratch.optimizer = scratch_optimizer(manifest.optimizer_type, held);
+        scratch.binding = std::make_unique<TorchStateBinding>(model, *scratch.optimizer, manifest.optimizer_type,
+                                                              /*sharded=*/true, pieces, /*model_sharded=*/true);
+      } else {
+        scratch.optimizer = scratch_optimizer(manifest.optimizer_type, model.parameters(true));
+        scratch.binding = std::make_unique<TorchStateBinding>(model, *scratch.optimizer, manifest.optimizer_type);
+      }
       b = scratch.binding.get();
     }
     for (const auto& t : manifest.user) {
@@ -210,7 +229,8 @@ Checkpointer::Checkpointer(MpiComm& comm, torch::nn::Module& model, torch::optim
     : comm_(comm),
       options_(std::move(options)),
       impl_(std::make_unique<Impl>(model, optimizer, options_.shard_optimizer,
-                                   sharded ? sharded->pieces() : std::vector<ParamPiece>{})) {
+                                   sharded ? sharded->pieces() : std::vector<ParamPiece>{},
+                                   sharded && sharded->ddp().options().stage() == ShardStage::kParameters)) {
   if (sharded)
     impl_->shard = shard_stage_name(sharded->ddp().options().stage());
   else if (options_.shard_optimizer)

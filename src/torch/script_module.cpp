@@ -62,7 +62,33 @@ std::string shape_text(const torch::Tensor& t) {
 struct ScriptModule::Impl {
   torch::jit::Module script;
   std::string path, class_name, code_hash;
+  UnitRunner run;                  // set: forward runs `chain` unit by unit
+  std::vector<std::string> chain;  // the top-level children forward calls, in order (sequential_problem)
 };
+
+namespace {
+// The children a forward graph calls one after the other (each on the previous output), or why it is not such a
+// chain. Constants are allowed; anything else is not.
+std::string read_chain(const torch::jit::Graph& graph, std::vector<std::string>& chain) {
+  chain.clear();
+  if (graph.inputs().size() != 2 || graph.outputs().size() != 1) return "forward has other inputs or outputs";
+  const torch::jit::Value* self = graph.inputs()[0];
+  const torch::jit::Value* current = graph.inputs()[1];
+  for (const torch::jit::Node* n : graph.nodes()) {
+    const auto kind = n->kind();
+    if (kind == c10::prim::Constant || (kind == c10::prim::GetAttr && n->input(0) == self)) continue;
+    const bool call = kind == c10::prim::CallMethod && n->s(c10::attr::name) == "forward" && n->inputs().size() == 2 &&
+                      n->input(1) == current && n->input(0)->node()->kind() == c10::prim::GetAttr &&
+                      n->input(0)->node()->input(0) == self;
+    if (!call) return std::string("forward computes ") + kind.toQualString() + " besides calling its children in turn";
+    chain.push_back(n->input(0)->node()->s(c10::attr::name));
+    current = n->output();
+  }
+  if (graph.outputs()[0] != current) return "forward does not return its last child's output";
+  if (chain.empty()) return "forward calls no child module";
+  return "";
+}
+}  // namespace
 
 std::shared_ptr<ScriptModule> ScriptModule::load(const std::string& path) {
   const std::string where = "--model-file " + path + ": ";
@@ -129,10 +155,31 @@ void ScriptModule::mirror() {
   }
 }
 
+std::string ScriptModule::sequential_problem() const {
+  std::vector<std::string> chain;
+  return read_chain(*impl_->script.get_method("forward").graph(), chain);
+}
+
+void ScriptModule::set_unit_runner(UnitRunner run) {
+  const std::string problem = read_chain(*impl_->script.get_method("forward").graph(), impl_->chain);
+  if (!problem.empty())
+    throw ConfigError("--model-file " + impl_->path + ": shard stage 3 runs the model one top-level child at a time, " +
+                      "so its forward must only chain its children (e.g. an nn.Sequential); " + problem);
+  impl_->run = std::move(run);
+}
+
 torch::Tensor ScriptModule::forward(const torch::Tensor& x) {
   torch::jit::GraphOptimizerEnabledGuard plain_interpreter(false);
   c10::IValue out;
   try {
+    if (impl_->run) {
+      torch::Tensor y = x;
+      for (const std::string& child : impl_->chain) {
+        torch::jit::Module m = impl_->script.attr(child).toModule();
+        y = impl_->run(child, [&] { return m.forward({y}).toTensor(); });
+      }
+      return y;
+    }
     out = impl_->script.forward({x});
   } catch (const c10::Error& e) {
     throw Error("--model-file " + impl_->path + " rejects an input of shape " + shape_text(x) + ": " +

@@ -101,8 +101,13 @@ std::unique_ptr<torch::optim::OptimizerParamState> fresh_param_state(const std::
 }  // namespace
 
 TorchStateBinding::TorchStateBinding(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                                     std::string optimizer_type, bool sharded, std::vector<ParamPiece> pieces)
-    : model_(model), optimizer_(optimizer), type_(std::move(optimizer_type)), sharded_(sharded) {
+                                     std::string optimizer_type, bool sharded, std::vector<ParamPiece> pieces,
+                                     bool model_sharded)
+    : model_(model),
+      optimizer_(optimizer),
+      type_(std::move(optimizer_type)),
+      sharded_(sharded),
+      model_sharded_(model_sharded) {
   if (type_ != "adam" && type_ != "adamw" && type_ != "sgd")
     throw ConfigError("unknown optimizer type '" + type_ + "'");
   for (auto& item : model_.named_parameters(true)) params_.emplace_back(item.key(), item.value());
@@ -150,6 +155,21 @@ TensorRef TorchStateBinding::held_view(const Held& h, const std::string& name, t
     if (n == h.name) r.shape = p.sizes().vec();  // the parameter's shape, of which `t` holds some rows
   r.row_begin = h.row_begin;
   r.row_end = h.row_end;
+  return r;
+}
+
+TensorRef TorchStateBinding::model_view(const std::string& name, const torch::Tensor& p) {
+  if (!model_sharded_ || !p.requires_grad()) return view(name, p);
+  const Held* h = held_named(name);
+  if (h == nullptr) {  // another rank's rows: listed with none here, so every rank lists every parameter
+    TensorRef r{name, to_dtype(p.scalar_type()), p.sizes().vec(), nullptr};
+    r.row_begin = r.row_end = 0;
+    return r;
+  }
+  TensorRef r = view(name, h->key);
+  r.shape = p.sizes().vec();
+  r.row_begin = h->row_end < 0 ? 0 : h->row_begin;
+  r.row_end = h->row_end < 0 ? r.rows() : h->row_end;
   return r;
 }
 
@@ -236,7 +256,7 @@ void TorchStateBinding::export_optimizer(OptimizerState& out) {
 void TorchStateBinding::export_state(TrainState& state) {
   staged_.clear();
   state.model.clear();
-  for (const auto& [n, t] : params_) state.model.push_back(view(n, t));
+  for (const auto& [n, t] : params_) state.model.push_back(model_view(n, t));
   for (const auto& [n, t] : buffers_) state.model.push_back(view(n, t));
   export_optimizer(state.optimizer);
   state.rng = capture_rng();
@@ -247,7 +267,7 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
   steps_.clear();
   step_params_.clear();
   state.model.clear();
-  for (const auto& [n, t] : params_) state.model.push_back(view(n, t));
+  for (const auto& [n, t] : params_) state.model.push_back(model_view(n, t));
   for (const auto& [n, t] : buffers_) state.model.push_back(view(n, t));
 
   // Fresh optimizer state for exactly the parameters the checkpoint has state for.

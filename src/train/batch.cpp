@@ -178,6 +178,17 @@ int64_t check_model_accepts(const Forward& forward, const Dataset& data, const C
 ScoreSums score_distributed(const Forward& forward, const Dataset& data, Comm& comm, const Compute& compute) {
   const int64_t n = data.size(), r = comm.rank(), w = comm.size();
   const ScoreSums s = score_rows(forward, data, n * r / w, n * (r + 1) / w, 0, compute);
+  // Every rank runs as many forwards as the largest share needs (empty batches pad a smaller one): a model whose
+  // layers gather their parameters (shard stage 3) makes each forward collective.
+  const int64_t batch = score_batch_rows(data.spec());
+  const int64_t mine = (n * (r + 1) / w - n * r / w + batch - 1) / batch, most = ((n + w - 1) / w + batch - 1) / batch;
+  if (mine < most) {
+    torch::NoGradGuard no_grad;
+    auto [x, y] = batch_tensors(data, {0});
+    x = x.to(compute.device).narrow(0, 0, 0);
+    AutocastScope autocast(compute);
+    for (int64_t k = mine; k < most; ++k) forward(x);
+  }
   double sums[3] = {s.correct, s.loss, s.rows};
   comm.allreduce(sums, 3, DType::kF64, ReduceOp::kSum);
   return ScoreSums{sums[0], sums[1], sums[2]};

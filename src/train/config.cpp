@@ -244,8 +244,6 @@ void validate_training(const TrainConfig& c) {
   require(c.precision == "fp32" || c.precision == "bf16", "precision", c.precision, "must be fp32 or bf16");
   require(c.shard == "none" || c.shard == "optimizer" || c.shard == "gradients" || c.shard == "parameters", "shard",
           c.shard, "must be none, optimizer, gradients or parameters");
-  require(c.shard != "parameters", "shard", c.shard,
-          "stage 3 (parameters kept as shards, gathered per unit) is not built yet; use gradients (ZeRO-2)");
   require(!c.shard_optimizer || c.shard == "none" || c.shard == "optimizer", "shard", c.shard,
           "conflicts with --shard-optimizer (which means --shard optimizer)");
 }

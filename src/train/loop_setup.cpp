@@ -36,7 +36,8 @@ DdpOptions ddp_options(const TrainConfig& c, const Compute& compute, Comm* devic
   DdpOptions o;
   o.device_comm = device_comm;
   o.reduce_bf16 = compute.bf16 && compute.device.is_cuda();  // NCCL sums bf16; MPI cannot
-  o.shard = c.shard == "gradients"   ? ShardStage::kGradients
+  o.shard = c.shard == "parameters"  ? ShardStage::kParameters
+            : c.shard == "gradients" ? ShardStage::kGradients
             : c.shard == "optimizer" ? ShardStage::kOptimizer
                                      : ShardStage::kNone;
   return o;

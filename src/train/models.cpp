@@ -25,11 +25,11 @@ CnnModel::CnnModel(double dropout) : dropout_(dropout) {
 
 torch::Tensor CnnModel::forward(torch::Tensor x) {
   x = x.view({-1, 1, 28, 28});
-  x = torch::max_pool2d(torch::relu(conv1_->forward(x)), 2);  // 32 x 13 x 13
-  x = torch::max_pool2d(torch::relu(conv2_->forward(x)), 2);  // 64 x 5 x 5
+  x = torch::max_pool2d(torch::relu(unit("conv1", [&] { return conv1_->forward(x); })), 2);  // 32 x 13 x 13
+  x = torch::max_pool2d(torch::relu(unit("conv2", [&] { return conv2_->forward(x); })), 2);  // 64 x 5 x 5
   x = torch::dropout(x, dropout_, is_training()).flatten(1);
-  x = torch::dropout(torch::relu(fc1_->forward(x)), dropout_, is_training());
-  return fc2_->forward(x);
+  x = torch::dropout(torch::relu(unit("fc1", [&] { return fc1_->forward(x); })), dropout_, is_training());
+  return unit("fc2", [&] { return fc2_->forward(x); });
 }
 
 std::string CnnModel::describe() const {
@@ -48,9 +48,9 @@ MlpModel::MlpModel(std::vector<int64_t> hidden, double dropout) : dropout_(dropo
 
 torch::Tensor MlpModel::forward(torch::Tensor x) {
   x = x.reshape({x.size(0), -1});
-  for (size_t i = 0; i + 1 < layers_.size(); ++i)
-    x = torch::dropout(torch::relu(layers_[i]->forward(x)), dropout_, is_training());
-  return layers_.back()->forward(x);
+  auto layer = [&](size_t i) { return unit("fc" + std::to_string(i + 1), [&] { return layers_[i]->forward(x); }); };
+  for (size_t i = 0; i + 1 < layers_.size(); ++i) x = torch::dropout(torch::relu(layer(i)), dropout_, is_training());
+  return layer(layers_.size() - 1);
 }
 
 std::string MlpModel::describe() const {
@@ -79,6 +79,7 @@ TrainModel build_train_model(const ModelSpec& spec) {
               {"model_hash", script->code_hash()},
               {"model_file", spec.file}};
     m.forward = [script](const torch::Tensor& x) { return script->forward(x); };
+    m.set_unit_runner = [script](UnitRunner run) { script->set_unit_runner(std::move(run)); };
     m.module = script;
     return m;
   }
@@ -91,6 +92,7 @@ TrainModel build_train_model(const ModelSpec& spec) {
     m.meta.emplace_back("mlp_hidden", w);
   }
   m.forward = [builtin](const torch::Tensor& x) { return builtin->forward(x); };
+  m.set_unit_runner = [builtin](UnitRunner run) { builtin->set_unit_runner(std::move(run)); };
   m.module = builtin;
   return m;
 }

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "h5ddp/script_module.hpp"
 #include "train/config.hpp"
 
 namespace h5ddp {
@@ -21,6 +22,16 @@ class Model : public torch::nn::Module {
   virtual torch::Tensor forward(torch::Tensor x) = 0;
   // One line: name, layer sizes, parameter count.
   virtual std::string describe() const = 0;
+  // Shard stage 3: each layer's forward then runs through `run` (named as its submodule).
+  void set_unit_runner(UnitRunner run) { run_ = std::move(run); }
+
+ protected:
+  torch::Tensor unit(const std::string& name, const std::function<torch::Tensor()>& forward) {
+    return run_ ? run_(name, forward) : forward();
+  }
+
+ private:
+  UnitRunner run_;
 };
 
 // conv1 1->32 3x3, relu, maxpool 2, conv2 32->64 3x3, relu, maxpool 2, dropout, flatten (1600),
@@ -61,6 +72,8 @@ struct TrainModel {
   std::shared_ptr<torch::nn::Module> module;
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   std::string description;  // one line
+  // Shard stage 3: runs each unit (layer, or top-level child of a script) of `forward` through the runner.
+  std::function<void(UnitRunner)> set_unit_runner;
   // /meta strings: "model" (cnn | mlp | torchscript) and its settings; for a script also model_class,
   // model_hash (its code) and model_file.
   std::vector<std::pair<std::string, std::string>> meta;

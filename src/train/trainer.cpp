@@ -1,5 +1,6 @@
 #include "train/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -102,6 +103,13 @@ class Trainer {
     compute_ = device.compute;
     device_comm_ = std::move(device.device_comm);
     check_data_fits_model(model_, *train_set_, test_set_.get(), compute_, config_.keep_best, comm_);
+    if (config_.shard == "parameters")  // ZeRO-3: every forward runs the model's units through DDP, which gathers
+      agreed(comm_, [&] {
+        model_.set_unit_runner([this](const std::string& unit, const std::function<torch::Tensor()>& forward) {
+          const auto& units = ddp_->unit_names();
+          return std::find(units.begin(), units.end(), unit) != units.end() ? ddp_->run_unit(unit, forward) : forward();
+        });
+      });
     ddp_ = std::make_unique<DistributedDataParallel>(comm_, *model_.module,
                                                      ddp_options(config_, compute_, device_comm_.get()));
     // After the move to the device (state there); sharded: over this rank's parameters only.

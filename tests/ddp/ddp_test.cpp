@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "h5ddp/error.hpp"
 #include "h5ddp/sharded_optimizer.hpp"
@@ -26,24 +27,30 @@ struct TinyNetImpl : torch::nn::Module {
     to(dtype);
   }
   torch::Tensor forward(const torch::Tensor& x, bool use_side = true) {
-    auto h = fc1->forward(x);
-    if (bn) h = bn->forward(h);
-    auto y = fc2->forward(torch::tanh(h));
-    return use_side ? y + side->forward(x) : y;
+    // Each layer through ddp->run_unit (shard stage 3 gathers its parameters there; other stages just run it).
+    auto run = [&](const char* unit, const std::function<torch::Tensor()>& f) { return ddp ? ddp->run_unit(unit, f) : f(); };
+    auto h = run("fc1", [&] { return fc1->forward(x); });
+    if (bn) h = run("bn", [&] { return bn->forward(h); });
+    auto y = run("fc2", [&] { return fc2->forward(torch::tanh(h)); });
+    return use_side ? y + run("side", [&] { return side->forward(x); }) : y;
   }
+  DistributedDataParallel* ddp = nullptr;
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, side{nullptr};
   torch::nn::BatchNorm1d bn{nullptr};
 };
 TORCH_MODULE(TinyNet);
 
-uint64_t hash_params(torch::nn::Module& m) {
+uint64_t hash_tensors(const std::vector<torch::Tensor>& tensors) {
   uint64_t h = 1469598103934665603ull;
-  for (const auto& p : m.parameters()) {
+  for (const auto& p : tensors) {
     auto c = p.detach().contiguous();
     const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
     for (size_t i = 0; i < c.nbytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
   }
   return h;
+}
+uint64_t hash_params(torch::nn::Module& m) {
+  return hash_tensors(m.parameters());
 }
 
 void copy_params(torch::nn::Module& from, torch::nn::Module& to) {
@@ -53,15 +60,17 @@ void copy_params(torch::nn::Module& from, torch::nn::Module& to) {
   for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
 }
 
-double max_rel_diff(torch::nn::Module& a, torch::nn::Module& b) {
+double max_rel_diff(const std::vector<torch::Tensor>& pa, const std::vector<torch::Tensor>& pb) {
   double worst = 0;
-  auto pa = a.parameters(), pb = b.parameters();
   for (size_t i = 0; i < pa.size(); ++i) {
     auto d = (pa[i] - pb[i]).abs().max().item<double>();
     auto s = pb[i].abs().max().item<double>();
     worst = std::max(worst, d / std::max(s, 1e-12));
   }
   return worst;
+}
+double max_rel_diff(torch::nn::Module& a, torch::nn::Module& b) {
+  return max_rel_diff(a.parameters(), b.parameters());
 }
 
 // Batch for step `step`: the full N*b batch, identical on every rank.
@@ -89,8 +98,13 @@ void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, doubl
   torch::manual_seed(1000 + r);  // ranks start different: the constructor's broadcast must fix that
   TinyNet model(16, false, dtype);
   DistributedDataParallel ddp(comm, *model, options);
+  model->ddp = &ddp;
   TinyNet ref(16, false, dtype);
-  copy_params(*model, *ref);
+  {
+    torch::NoGradGuard g;  // stage 3 keeps the weights in pieces: the whole ones come from full_parameters()
+    auto from = ddp.full_parameters(), to = ref->parameters();
+    for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+  }
   std::unique_ptr<ShardedOptimizer> sharded_opt;
   std::unique_ptr<torch::optim::Optimizer> plain_opt;
   if (options.sharded())
@@ -119,11 +133,16 @@ void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, doubl
     ref_opt->step();
     ref_opt->zero_grad();
 
-    ASSERT_TRUE(comm.agree(hash_params(*model))) << "parameters differ across ranks after step " << step;
+    ASSERT_TRUE(comm.agree(hash_tensors(ddp.full_parameters()))) << "parameters differ across ranks after step " << step;
   }
-  const double diff = max_rel_diff(*model, *ref);
+  const double diff = max_rel_diff(ddp.full_parameters(), ref->parameters());
   EXPECT_LT(diff, tol) << "after 20 steps, N=" << n;
   EXPECT_EQ(ddp.stats().steps, 20u);
+  if (options.stage() == ShardStage::kParameters) {  // the weights live in the pieces only, between uses
+    for (const auto& p : model->parameters()) EXPECT_EQ(p.storage().nbytes(), 0u);
+    // Forward (4 units) and backward (4 units again) gather each unit: twice per step, plus full_parameters().
+    EXPECT_EQ(ddp.stats().unit_gathers, 3u + 20u * (2 * 3 + 3) + 3u);  // and before and after the steps
+  }
   EXPECT_EQ(ddp.stats().buckets_launched, 20u * ddp.buckets().size());
   if (options.sharded()) {
     // State for this rank's pieces only, and every element's state on exactly one rank.
@@ -138,7 +157,7 @@ void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, doubl
     for (const auto& p : model->parameters()) total += p.numel();
     EXPECT_EQ(held, total);
     for (const auto& p : model->parameters())  // stage 1: zeroed by the gather; stage 2: not kept at all
-      if (options.stage() == ShardStage::kGradients)
+      if (options.stage() >= ShardStage::kGradients)
         EXPECT_FALSE(p.grad().defined());
       else
         EXPECT_EQ(p.grad().abs().sum().item<double>(), 0.0);
@@ -188,10 +207,24 @@ TEST(Ddp, Stage2AdamMatchesLargeBatch) {
 TEST(Ddp, Stage2SgdMomentumMatchesLargeBatchFloat64) {
   run_equivalence(Opt::kSgdMomentum, sharded(DdpOptions{}, ShardStage::kGradients), torch::kFloat64, 1e-6);
 }
-TEST(Ddp, Stage3IsRefusedOnEveryRank) {
+TEST(Ddp, Stage3AdamMatchesLargeBatch) {
+  run_equivalence(Opt::kAdam, sharded(DdpOptions{}, ShardStage::kParameters), torch::kFloat32, 1e-5);
+}
+TEST(Ddp, Stage3SgdMomentumMatchesLargeBatchFloat64) {
+  run_equivalence(Opt::kSgdMomentum, sharded(DdpOptions{}, ShardStage::kParameters), torch::kFloat64, 1e-6);
+}
+TEST(Ddp, Stage3RefusesAParameterOutsideEveryUnitOnEveryRank) {
   auto& comm = test::world();
   TinyNet model;
-  EXPECT_THROW(DistributedDataParallel(comm, *model, sharded(DdpOptions{}, ShardStage::kParameters)), Error);
+  DdpOptions o = sharded(DdpOptions{}, ShardStage::kParameters);
+  o.units = {"fc1", "fc2"};  // "side" is in no unit
+  try {
+    DistributedDataParallel ddp(comm, *model, o);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no unit holds the parameters 'side.weight', 'side.bias'"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Ddp, ShardedOptimizerRefusesAReplicatedDdp) {

@@ -2,8 +2,9 @@
 # Bitwise exact resume (issue 5): S steps uninterrupted == checkpoint at step K, SIGKILL of every rank,
 # resume, run to S; every model/optimizer tensor, counter and RNG row compared bit for bit.
 # With `shard` both runs use --shard-optimizer (ZeRO-1, issue 25): each rank saves and reloads only its shard;
-# with `gradients`, --shard gradients (ZeRO-2, issue 39: row pieces of split tensors, only its gradient range kept).
-#   resume_exact.sh NP OPTIMIZER [shard|gradients]
+# with `gradients`, --shard gradients (ZeRO-2, issue 39: row pieces of split tensors, only its gradient range kept);
+# with `parameters`, --shard parameters (ZeRO-3: the CNN's weights too are held and saved as row pieces).
+#   resume_exact.sh NP OPTIMIZER [shard|gradients|parameters]
 source "$(dirname "$0")/lib.sh"
 np=$1 opt=$2 mode=${3:-}
 S=12 K=5
@@ -11,6 +12,7 @@ args=(--optimizer "$opt" --dropout 0.25 --max-steps $S --seed 11 --data-dir "$SM
 [ "$opt" = sgd ] && args+=(--lr 0.05 --momentum 0.9)
 [ "$mode" = shard ] && args+=(--shard-optimizer)
 [ "$mode" = gradients ] && args+=(--shard gradients)
+[ "$mode" = parameters ] && args+=(--shard parameters)
 
 run_train "$np" "$WORK/a.log" "${args[@]}" --run-dir "$WORK/a" || { cat "$WORK/a.log"; fail "uninterrupted run failed"; }
 [ -f "$WORK/a/ckpt-00000012.h5" ] || fail "no final checkpoint of the uninterrupted run"
