@@ -267,6 +267,19 @@ torch::Tensor alias(const torch::Tensor& base, int64_t offset, c10::IntArrayRef 
   return torch::empty({0}, base.options().requires_grad(false))
       .set_(base.storage(), base.storage_offset() + offset, shape, c10::contiguous_strides(shape));
 }
+// Stage 3: a parameter's storage emptied (its shape and autograd identity stay) and refilled. Autograd's saved
+// tensors of the parameter share the storage, so a backward sees whatever it holds when it runs.
+void free_storage(const torch::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+void allocate_storage(const torch::Tensor& t, size_t nbytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  c10::Allocator* a = s->allocator() != nullptr ? s->allocator() : c10::GetAllocator(t.device().type());
+  s->set_data_ptr_noswap(a->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
 }  // namespace
 
 void DistributedDataParallel::build_buckets() {
@@ -312,17 +325,12 @@ void DistributedDataParallel::build_buckets() {
       st->own_offset = cuts[comm_.rank()];
       st->own_count = cuts[comm_.rank() + 1] - cuts[comm_.rank()];
     }
-    if (keeps_grad_shards())
+    if (options_.stage() == ShardStage::kGradients)  // stage 3: build_pieces
       st->shard_grad = torch::zeros({st->own_count}, first.options().requires_grad(false));
     bucket_state_.push_back(std::move(st));
     if (!keeps_grad_shards()) ensure_buffer(b);
   }
   if (options_.sharded()) build_pieces();
-  if (options_.stage() == ShardStage::kParameters) {
-    // The pieces now hold this rank's rows; the parameters' own storage is freed until run_unit needs it.
-    std::fill(unit_gathered_.begin(), unit_gathered_.end(), 1);
-    for (size_t u = 0; u < unit_params_.size(); ++u) release_unit(u);
-  }
 
   accumulators_.resize(params_.size());
   hook_keys_.resize(params_.size());
@@ -361,8 +369,11 @@ bool DistributedDataParallel::adopt_gradient(size_t index) {
 
 void DistributedDataParallel::build_pieces() {
   param_piece_.assign(params_.size(), SIZE_MAX);
+  const bool stage3 = options_.stage() == ShardStage::kParameters;
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    const Bucket& st = *bucket_state_[b];
+    Bucket& st = *bucket_state_[b];
+    if (stage3)  // allocated as the parameters are freed, so the model is never held twice over
+      st.shard_grad = torch::zeros({st.own_count}, params_[buckets_[b].params.front()].options().requires_grad(false));
     const int64_t own_begin = st.own_offset, own_end = st.own_offset + st.own_count;
     for (size_t i : buckets_[b].params) {
       const torch::Tensor& p = params_[i];
@@ -389,6 +400,8 @@ void DistributedDataParallel::build_pieces() {
                                         : alias(st.buffer, lo, shape);
       pieces_.push_back(std::move(piece));
     }
+    if (stage3)  // the pieces hold this rank's rows: the parameter's storage stays empty until run_unit needs it
+      for (size_t i : buckets_[b].params) free_storage(params_[i]);
   }
 }
 
@@ -689,21 +702,6 @@ void DistributedDataParallel::gather_parameters() {
   stats_.gather_seconds += seconds_since(t0);
 }
 
-namespace {
-// Stage 3: a parameter's storage emptied (its shape and autograd identity stay) and refilled. Autograd's saved
-// tensors of the parameter share the storage, so a backward sees whatever it holds when it runs.
-void free_storage(const torch::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
-  s->set_nbytes(0);
-}
-void allocate_storage(const torch::Tensor& t, size_t nbytes) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  c10::Allocator* a = s->allocator() != nullptr ? s->allocator() : c10::GetAllocator(t.device().type());
-  s->set_data_ptr_noswap(a->allocate(nbytes));
-  s->set_nbytes(nbytes);
-}
-}  // namespace
 
 std::string DistributedDataParallel::resolve_units() {
   unit_names_ = options_.units;

@@ -92,7 +92,7 @@ std::string hex(uint32_t v) {
 ImageDataset read_idx_dataset(const std::string& images_path, const std::string& labels_path,
                               const Normalization& norm) {
   ImageDataset ds;
-  std::vector<unsigned char> raw;
+  std::vector<unsigned char>& raw = ds.pixels;
   {
     GzFile f = open_gz(images_path);
     const uint32_t magic = read_be32(f.get(), images_path, "magic number");
@@ -112,9 +112,8 @@ ImageDataset read_idx_dataset(const std::string& images_path, const std::string&
     read_exact(f.get(), raw.data(), raw.size(), images_path, "pixels");
     expect_end(f.get(), images_path, std::to_string(n) + " images");
   }
-  ds.images.resize(raw.size());
-  const float scale = 1.0f / (255.0f * norm.std), shift = norm.mean / norm.std;
-  for (size_t i = 0; i < raw.size(); ++i) ds.images[i] = float(raw[i]) * scale - shift;
+  ds.scale = 1.0f / (255.0f * norm.std);
+  ds.shift = norm.mean / norm.std;
 
   GzFile f = open_gz(labels_path);
   const uint32_t magic = read_be32(f.get(), labels_path, "magic number");

@@ -18,10 +18,19 @@ struct Normalization {
 struct ImageDataset {
   int64_t count = 0;
   int64_t rows = 0, cols = 0;
-  std::vector<float> images;    // count * rows * cols, C order, normalised
-  std::vector<int64_t> labels;  // count, each in [0, 10)
+  // count * rows * cols bytes, C order, as in the file: a quarter of the memory of the normalised floats, which
+  // pixel() computes when a batch is built (the same float arithmetic as normalising up front).
+  std::vector<unsigned char> pixels;
+  float scale = 1.0f, shift = 0.0f;  // normalised pixel = byte * scale - shift
+  std::vector<int64_t> labels;       // count, each in [0, 10)
 
   int64_t image_size() const { return rows * cols; }
+  float pixel(size_t i) const { return static_cast<float>(pixels[i]) * scale - shift; }
+  std::vector<float> images() const {  // every pixel normalised
+    std::vector<float> out(pixels.size());
+    for (size_t i = 0; i < pixels.size(); ++i) out[i] = pixel(i);
+    return out;
+  }
 };
 
 // Local (not collective). Reads one IDX3 image file and its IDX1 label file (gzip or plain).

@@ -58,7 +58,9 @@ class ImagesDataset final : public Dataset {
     out.x.resize(indices.size() * static_cast<size_t>(n));
     out.labels.resize(indices.size());
     for (size_t i = 0; i < indices.size(); ++i) {
-      std::memcpy(out.x.data() + i * n, images_.images.data() + indices[i] * n, n * sizeof(float));
+      float* x = out.x.data() + i * n;
+      const size_t first = static_cast<size_t>(indices[i] * n);
+      for (int64_t k = 0; k < n; ++k) x[k] = images_.pixel(first + static_cast<size_t>(k));
       out.labels[i] = images_.labels[indices[i]];
     }
   }

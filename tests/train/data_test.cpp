@@ -42,7 +42,8 @@ TEST(Data, ReadsFashionMnistTrainAndTest) {
   EXPECT_EQ(train.count, 60000);
   EXPECT_EQ(train.rows, 28);
   EXPECT_EQ(train.cols, 28);
-  ASSERT_EQ(train.images.size(), size_t(60000) * 784);
+  const std::vector<float> images = train.images();
+  ASSERT_EQ(images.size(), size_t(60000) * 784);
   ASSERT_EQ(train.labels.size(), size_t(60000));
   // Fashion-MNIST is balanced: 6000 images per class.
   std::vector<int> per_class(10, 0);
@@ -50,15 +51,15 @@ TEST(Data, ReadsFashionMnistTrainAndTest) {
   for (int c = 0; c < 10; ++c) EXPECT_EQ(per_class[c], 6000) << "class " << c;
   // Normalised with the training set's own statistics: mean ~0, std ~1.
   double sum = 0, sq = 0;
-  for (float v : train.images) {
+  for (float v : images) {
     sum += v;
     sq += double(v) * v;
   }
-  const double n = double(train.images.size()), mean = sum / n;
+  const double n = double(images.size()), mean = sum / n;
   EXPECT_NEAR(mean, 0.0, 0.01);
   EXPECT_NEAR(std::sqrt(sq / n - mean * mean), 1.0, 0.01);
   // A zero byte maps to -mean/std, the minimum.
-  EXPECT_FLOAT_EQ(*std::min_element(train.images.begin(), train.images.end()), -0.2860f / 0.3530f);
+  EXPECT_FLOAT_EQ(*std::min_element(images.begin(), images.end()), -0.2860f / 0.3530f);
 
   const ImageDataset test = read_fashion_mnist(kDir, "t10k");
   EXPECT_EQ(test.count, 10000);
@@ -170,7 +171,7 @@ TEST(Data, WrongMagicAndMismatchedCounts) {
   const ImageDataset ds = read_idx_dataset(img, lab, Normalization{0.0f, 1.0f});
   EXPECT_EQ(ds.count, 1);
   EXPECT_EQ(ds.labels.at(0), 7);
-  EXPECT_EQ(ds.images, (std::vector<float>{0.0f, 1.0f, 0.0f, 1.0f}));
+  EXPECT_EQ(ds.images(), (std::vector<float>{0.0f, 1.0f, 0.0f, 1.0f}));
 }
 
 TEST(Data, MissingFilesAndDirectory) {
