@@ -221,18 +221,19 @@ class DistributedDataParallel {
   void build_pieces();
   bool keeps_grad_shards() const { return options_.stage() >= ShardStage::kGradients; }  // stages 2 and 3
   // Stage 3.
-  std::string resolve_units();      // param_unit_ from options_.units; returns the problem, if any
-  void gather_unit(size_t u);       // collective
-  void release_unit(size_t u);      // local: the unit's parameters' storage freed
+  std::string resolve_units();        // param_unit_ from options_.units; returns the problem, if any
+  void gather_unit(size_t u);         // collective
+  void regather_unit(size_t u);       // collective: before the unit's backward (the hook on its output)
+  void release_unit(size_t u);        // local: the unit's parameters' storage freed
   void note_unit_grad(size_t index);  // a gradient of the unit accumulated; the last frees the unit
   std::vector<std::string> unit_names_;
   std::vector<std::vector<size_t>> unit_params_;
   std::vector<size_t> param_unit_;
-  std::vector<size_t> param_nbytes_;   // stage 3: each parameter's storage size
-  std::vector<size_t> param_piece_;    // stage 3: param -> its piece in pieces_ (SIZE_MAX: none here)
+  std::vector<size_t> param_nbytes_;  // stage 3: each parameter's storage size
+  std::vector<size_t> param_piece_;   // stage 3: param -> its piece in pieces_ (SIZE_MAX: none here)
   std::string unit_problem_;
   std::vector<uint8_t> unit_gathered_;
-  std::vector<size_t> unit_left_;      // stage 3: gradients still to accumulate in this backward, per unit
+  std::vector<size_t> unit_left_;     // stage 3: gradients still to accumulate in this backward, per unit
   void ensure_buffer(size_t b);       // stage 2: the bucket's buffer (and its slots) for this step
   void release_bucket(size_t b);      // stage 2: this rank's averaged range kept, the buffer freed
   bool adopt_gradient(size_t index);  // stage 2: a one-parameter bucket reduces autograd's gradient in place

@@ -104,7 +104,8 @@ std::string shard_coverage(Comm& comm, const ShardedEntries& sharded, std::vecto
       e.listed.push_back(ckpt::Segment{i, r, static_cast<uint64_t>(c[1]), static_cast<uint64_t>(c[2])});
     }
     if (!listed)
-      out += "\n  not in the " + std::string(i < n_model ? "model" : "optimizer state") + " of any rank: " + path + " (" + describe(found[i].dtype, found[i].shape) + ")";
+      out += "\n  not in the " + std::string(i < n_model ? "model" : "optimizer state") + " of any rank: " + path +
+             " (" + describe(found[i].dtype, found[i].shape) + ")";
     if (e.any_piece) {
       pieces[i] = e.listed;
       std::sort(pieces[i].begin(), pieces[i].end(),

@@ -433,8 +433,8 @@ SavePlan make_save_plan(Comm& comm, const TrainState& state) {
   const OptimizerState& opt = state.optimizer.sharded ? merged : state.optimizer;
   const std::vector<TensorRef> model = merge_model_pieces(comm, state, model_placement);
   // Local part first (it may throw on a bad name); agree on its outcome before the collective part.
-  comm.rethrow_first(checkpoint_error_of(
-      [&] { add_local_datasets(plan, state, opt, owners, model, model_placement, comm.rank()); }));
+  comm.rethrow_first(
+      checkpoint_error_of([&] { add_local_datasets(plan, state, opt, owners, model, model_placement, comm.rank()); }));
   add_rng_datasets(comm, plan, state);
 
   std::string desc;

@@ -395,9 +395,8 @@ void DistributedDataParallel::build_pieces() {
       } else {
         piece.tensor = alias(p, piece.row_begin * row, shape);
       }
-      piece.tensor.mutable_grad() = keeps_grad_shards()
-                                        ? alias(st.shard_grad, lo - own_begin, shape)
-                                        : alias(st.buffer, lo, shape);
+      piece.tensor.mutable_grad() =
+          keeps_grad_shards() ? alias(st.shard_grad, lo - own_begin, shape) : alias(st.buffer, lo, shape);
       pieces_.push_back(std::move(piece));
     }
     if (stage3)  // the pieces hold this rank's rows: the parameter's storage stays empty until run_unit needs it
@@ -702,7 +701,6 @@ void DistributedDataParallel::gather_parameters() {
   stats_.gather_seconds += seconds_since(t0);
 }
 
-
 std::string DistributedDataParallel::resolve_units() {
   unit_names_ = options_.units;
   if (unit_names_.empty())
@@ -732,7 +730,8 @@ std::string DistributedDataParallel::resolve_units() {
     if (p.storage_offset() != 0 || p.storage().nbytes() != p.nbytes() || !p.is_contiguous() ||
         std::find(storages.begin(), storages.end(), storage) != storages.end())
       return "DDP: shard stage 3 frees each parameter's storage between uses, so each must own its storage "
-             "whole; '" + name + "' is a view of, or shares, another tensor's";
+             "whole; '" +
+             name + "' is a view of, or shares, another tensor's";
     storages.push_back(storage);
     param_nbytes_[i] = p.nbytes();
   }
@@ -757,7 +756,7 @@ torch::Tensor DistributedDataParallel::run_unit(const std::string& unit,
     throw;
   }
   // Autograd reaches the hook with the output's gradient, before the unit's own backward: gather it again then.
-  if (out.defined() && out.requires_grad()) out.register_hook([this, u](const torch::Tensor&) { gather_unit(u); });
+  if (out.defined() && out.requires_grad()) out.register_hook([this, u](const torch::Tensor&) { regather_unit(u); });
   release_unit(u);
   return out;
 }
@@ -776,6 +775,15 @@ std::vector<torch::Tensor> DistributedDataParallel::full_parameters() {
     if (!was) release_unit(u);
   }
   return out;
+}
+
+void DistributedDataParallel::regather_unit(size_t u) {
+  gather_unit(u);
+  // The gradients of the units after this one were launched while this gather ran; keeping only this rank's range
+  // of them now, before this unit's backward allocates its own, holds one unit's gradients at a time.
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (armed_ && !no_sync_)
+    for (size_t b = 0; b < next_launch_; ++b) release_bucket(b);
 }
 
 void DistributedDataParallel::gather_unit(size_t u) {

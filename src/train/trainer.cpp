@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -69,6 +72,15 @@ class Trainer {
         validate_environment(config_);
       });
       torch::set_num_threads(config_.threads);
+      if (config_.shard != "none") {
+#if defined(__GLIBC__)
+        // Sharded stages exist to save memory, and they allocate and free a layer's gradient (ZeRO-2, 3) and weights
+        // (ZeRO-3) every step. Above 1 MiB glibc then maps and unmaps, so freed memory goes back to the system
+        // instead of staying resident in the heap (its dynamic threshold would rise to 32 MiB): peak RSS per rank
+        // 1132 -> 913 MiB (ZeRO-3) and 1388 -> 1209 MiB (ZeRO-2) in docs/BENCHMARKS.md's 130 M-parameter run.
+        mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
+      }
       load_data();
       build_model();
       start();
@@ -84,7 +96,9 @@ class Trainer {
   }
 
  private:
-  bool evaluates() const { return config_.evaluate || config_.eval_every_steps > 0 || config_.eval_every_epoch; }
+  bool evaluates() const {
+    return config_.evaluate || config_.eval_every_steps > 0 || config_.eval_every_epoch;
+  }
 
   // Collective. Fashion-MNIST (every rank holds the small set) or --data FILE.h5 (each rank reads its rows).
   void load_data() {
@@ -186,7 +200,9 @@ class Trainer {
     log_.set_interval(config_.log_every > 0 ? config_.log_every : std::max<int64_t>(1, total_steps_ / 200));
   }
 
-  bool done() const { return ckpt_->step() >= total_steps_ || ckpt_->data().epoch >= config_.epochs; }
+  bool done() const {
+    return ckpt_->step() >= total_steps_ || ckpt_->data().epoch >= config_.epochs;
+  }
 
   void train() {
     progress_ = std::make_unique<Progress>(root_, config_.progress, total_steps_, config_.log_every);

@@ -28,7 +28,9 @@ struct TinyNetImpl : torch::nn::Module {
   }
   torch::Tensor forward(const torch::Tensor& x, bool use_side = true) {
     // Each layer through ddp->run_unit (shard stage 3 gathers its parameters there; other stages just run it).
-    auto run = [&](const char* unit, const std::function<torch::Tensor()>& f) { return ddp ? ddp->run_unit(unit, f) : f(); };
+    auto run = [&](const char* unit, const std::function<torch::Tensor()>& f) {
+      return ddp ? ddp->run_unit(unit, f) : f();
+    };
     auto h = run("fc1", [&] { return fc1->forward(x); });
     if (bn) h = run("bn", [&] { return bn->forward(h); });
     auto y = run("fc2", [&] { return fc2->forward(torch::tanh(h)); });
@@ -133,7 +135,8 @@ void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, doubl
     ref_opt->step();
     ref_opt->zero_grad();
 
-    ASSERT_TRUE(comm.agree(hash_tensors(ddp.full_parameters()))) << "parameters differ across ranks after step " << step;
+    ASSERT_TRUE(comm.agree(hash_tensors(ddp.full_parameters())))
+        << "parameters differ across ranks after step " << step;
   }
   const double diff = max_rel_diff(ddp.full_parameters(), ref->parameters());
   EXPECT_LT(diff, tol) << "after 20 steps, N=" << n;

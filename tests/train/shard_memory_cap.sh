@@ -7,7 +7,7 @@
 # The cap sits between the two runs' measured needs (see docs/BENCHMARKS.md, "Sharded training state").
 RUN_TIMEOUT=300 BATCH_SIZE=16
 source "$(dirname "$0")/lib.sh"
-CAP_MIB=${CAP_MIB:-1150}
+CAP_MIB=${CAP_MIB:-900}
 cap=$((CAP_MIB * 1024 * 1024))
 args=(--model mlp --mlp-hidden 3072,3072,3072,3072 --optimizer adam --dropout 0 --seed 5 --data-dir "$SMALL_DATA")
 capped() {  # capped LOG ARGS...: 4 ranks, each under the cap
@@ -20,8 +20,11 @@ if capped "$WORK/rep.log" "${args[@]}" --max-steps 2 --run-dir "$WORK/rep"; then
   cat "$WORK/rep.log"
   fail "the replicated run trained under a ${CAP_MIB} MiB data limit: the cap does not bind"
 fi
-grep -qiE "can't allocate memory|bad_alloc|cannot allocate|out of memory" "$WORK/rep.log" ||
-  { cat "$WORK/rep.log"; fail "the replicated run failed, but not on an allocation"; }
+# LibTorch's allocator reports the failed tensor allocation; a thread's stack (mmap) failing under the same limit
+# reads EAGAIN. Either way the run stopped before its first checkpoint.
+grep -qiE "can't allocate memory|bad_alloc|cannot allocate|out of memory|Resource temporarily unavailable" \
+  "$WORK/rep.log" || { cat "$WORK/rep.log"; fail "the replicated run failed, but not on an allocation"; }
+[ ! -f "$WORK/rep/ckpt-00000002.h5" ] || fail "the replicated run wrote its checkpoint"
 echo "PASS: replicated training does not fit in ${CAP_MIB} MiB per rank"
 
 capped "$WORK/z3.log" "${args[@]}" --shard parameters --max-steps 3 --run-dir "$WORK/z3" ||

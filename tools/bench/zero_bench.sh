@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sharding stages (--shard, issues 25 and 39) against the replicated run, side by side in one run: an MLP whose
+# The sharding stages (--shard, ZeRO-1/2/3, issues 25 and 39) against the replicated run, side by side in one run: an MLP whose
 # Adam state is over 1 GB, at 1, 2 and 4 ranks. Per run of h5ddp-train: peak RSS of every rank (GNU time
 # around each rank), training throughput (samples/s of the last logged interval), the final save's seconds
 # (fsync on), then a second run that only resumes (load_seconds of metrics.jsonl, peak RSS of the load).
@@ -7,14 +7,14 @@
 #
 #   tools/bench/zero_bench.sh [build-dir]   env: REPS=2 RANKS="1 2 4" HIDDEN=6144,6144,6144,6144,6144 STEPS=3
 #                                                BATCH=8 DIR=/tmp (run directories; one checkpoint at a time)
-#                                                MODES="replicated optimizer gradients" (--shard none|...)
+#                                                MODES="replicated optimizer gradients parameters" (--shard ...)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-${H5DDP_BINARY_DIR:-$here/../../build}}
 train=$build/tools/h5ddp-train
 python=${H5DDP_PYTHON:-/usr/bin/python3}
 REPS=${REPS:-2}
-MODES=${MODES:-replicated optimizer gradients}
+MODES=${MODES:-replicated optimizer gradients parameters}
 RANKS=${RANKS:-"1 2 4"}
 HIDDEN=${HIDDEN:-6144,6144,6144,6144,6144}
 STEPS=${STEPS:-3}
