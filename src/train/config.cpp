@@ -160,9 +160,11 @@ po::options_description training_options(TrainConfig& c, Switches& sw) {
                       "how much training state is split between ranks (docs/SHARDING.md): none | optimizer "
                       "(ZeRO-1: each rank keeps the optimizer state of its range of every gradient bucket, rows "
                       "of tensors, so a large matrix is split) | gradients (ZeRO-2: and only its range of the "
-                      "averaged gradients) | parameters (ZeRO-3: not built yet). Gradients are reduce-scattered, "
-                      "updated parameters all-gathered. Checkpoints are the same file at every stage and resume "
-                      "at any stage on any number of ranks");
+                      "averaged gradients) | parameters (ZeRO-3: and only its range of the weights, each layer "
+                      "gathered before its forward and again before its backward; a --model-file's forward must "
+                      "chain its top-level children, as an nn.Sequential does). Gradients are reduce-scattered, "
+                      "parameters all-gathered. Checkpoints are the same file at every stage and resume at any "
+                      "stage on any number of ranks");
   train.add_options()("shard-optimizer", po::bool_switch(&c.shard_optimizer), "the same as --shard optimizer");
   train.add_options()("no-metrics", po::bool_switch(&sw.no_metrics),
                       "do not append to RUN_DIR/metrics.jsonl (docs/METRICS.md)");
