@@ -19,7 +19,7 @@ ALLOWED = {
 # include/h5ddp/<name>.hpp -> the layer (library) that implements it.
 PUBLIC = {
     "error": "core", "dtype": "core", "device": "core", "mpi_env": "core", "splitmix": "core", "log": "core",
-    "watchdog": "core", "format": "checkpoint", "torch_state": "torch",
+    "watchdog": "core", "clock": "core", "format": "checkpoint", "torch_state": "torch",
     "comm": "comm", "mpi_comm": "comm", "nccl_comm": "comm",
     "h5_layout": "h5",
     "checkpoint": "checkpoint", "train_state": "checkpoint", "policy": "checkpoint", "run_dir": "checkpoint",

@@ -15,6 +15,7 @@
 #include "h5ddp/log.hpp"
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/mpi_env.hpp"
+#include "train/batch.hpp"
 
 namespace {
 
@@ -33,7 +34,8 @@ constexpr const char* kUsage =
     "        mean cross-entropy and accuracy (float targets: mean squared error) of the checkpoint's model on\n"
     "        samples [first, first + count) of Fashion-MNIST or of an HDF5 data set (docs/DATA.md), in eval mode\n"
     "        (default: the whole split, as h5ddp-train's final evaluation);\n"
-    "        a TorchScript model is the checkpoint's model_file unless --model-file names one\n";
+    "        a TorchScript model is the checkpoint's model_file unless --model-file names one; the data is the\n"
+    "        checkpoint's --data file (/meta data_file) unless --data or --data-dir names other data\n";
 
 // Command line: positional arguments and --name value options (flags in `flags` take no value).
 struct CommandLine {
@@ -109,9 +111,14 @@ int run(const std::string& command, int argc, char** argv, h5ddp::MpiComm* comm,
       throw h5ddp::ConfigError("--format is pt or safetensors, got '" + o.format + "'");
     if (dry) return 0;
     const size_t n = export_checkpoint(*comm, o);
-    if (root)
-      std::printf("exported %zu model tensors of %s to %s%s\n", n, o.input.c_str(), o.output.c_str(),
-                  o.format == "safetensors" ? " (safetensors, weights only)" : "");
+    if (root && o.format == "safetensors")
+      std::printf("exported the %zu model tensors of %s to %s (safetensors, weights only)\n", n, o.input.c_str(),
+                  o.output.c_str());
+    else if (root)
+      std::printf(
+          "exported %s to %s: a dict of model (%zu tensors), optimizer, optimizer_type, step, epoch, "
+          "samples_consumed, lr_scheduler, data, rng_cpu, meta, h5ddp (torch.load reads it)\n",
+          o.input.c_str(), o.output.c_str(), n);
     return 0;
   }
   if (command == "import") {
@@ -136,7 +143,7 @@ int run(const std::string& command, int argc, char** argv, h5ddp::MpiComm* comm,
     const auto c = parse(argc, argv, 2, {"data-dir", "data", "split", "first", "count", "model", "model-file"}, {});
     EvalOptions o;
     o.input = one_file(c, "checkpoint FILE");
-    if (c.options.count("data-dir")) o.data_dir = c.options.at("data-dir");
+    if (c.options.count("data-dir")) o.data_dir = c.options.at("data-dir"), o.data_dir_given = true;
     if (c.options.count("split")) o.split = c.options.at("split");
     if (c.options.count("first")) o.first = to_int("first", c.options.at("first"));
     if (c.options.count("count")) o.count = to_int("count", c.options.at("count"));
@@ -152,6 +159,7 @@ int run(const std::string& command, int argc, char** argv, h5ddp::MpiComm* comm,
     }
     if (dry) return 0;
     const EvalResult r = evaluate_checkpoint(*comm, o);
+    if (root) std::printf("data %s\n", r.data.c_str());
     if (root && r.perplexity >= 0)  // a language model: per-token numbers
       std::printf("model %s  split %s  samples %lld  tokens %lld  loss %.9f  perplexity %.6f  accuracy %.6f\n",
                   r.model.c_str(), o.split.c_str(), static_cast<long long>(r.images),
@@ -179,6 +187,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   h5ddp::log::init_from_env();
+  h5ddp::keep_freed_memory_in_heap();  // eval: the activations freed after every batch are reused, not re-faulted
   h5ddp::MpiEnv env(&argc, &argv);
   std::unique_ptr<h5ddp::MpiComm> comm;
   try {

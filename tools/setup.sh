@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs every Debian package h5ddp needs (only the missing ones), then configures and builds
-# (Release) into ${H5DDP_BUILD_DIR:-build}. Idempotent: on a built tree it takes seconds.
-#   tools/setup.sh              install + build
+# (Release) into ${H5DDP_BUILD_DIR:-build} what the main job and a user's tools need: h5ddp-train, h5ddp-ckpt
+# and h5ddp-ckpt-torch (its export/import/eval). Idempotent: on a built tree it takes seconds.
+#   tools/setup.sh                        install + build the tools
+#   H5DDP_TARGETS=all tools/setup.sh      also the library's tests and benchmarks (tools/run-tests.sh does this)
 #   H5DDP_WITH_CUDA=ON tools/setup.sh   also build the CUDA/NCCL configuration into build-cuda
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +41,9 @@ jobs="${H5DDP_JOBS:-$(nproc)}"
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release
 fi
-cmake --build "$build" -j "$jobs"
+# shellcheck disable=SC2206 # a list of target names
+targets=(${H5DDP_TARGETS:-h5ddp-train h5ddp-ckpt h5ddp-ckpt-torch})
+cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 
 if [ "${H5DDP_WITH_CUDA:-OFF}" = "ON" ]; then
   if [ ! -f build-cuda/CMakeCache.txt ]; then

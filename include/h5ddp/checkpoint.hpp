@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "h5ddp/comm.hpp"
+#include "h5ddp/policy.hpp"
 #include "h5ddp/train_state.hpp"
 
 namespace h5ddp {
@@ -39,17 +40,12 @@ using MpiioHints = std::vector<std::pair<std::string, std::string>>;
 std::pair<std::string, std::string> parse_mpiio_hint(const std::string& text);
 
 struct SaveOptions {
-  bool fsync = true;   // fsync the file (every rank) and the directory before and after the rename
-  int keep_last = 0;   // retention: keep the K newest ckpt-<step>.h5 (0 = keep all)
-  int keep_every = 0;  // retention: also keep every file whose step is a multiple of M (0 = none)
-  std::string name;    // file name in run_dir; default "ckpt-%08lld.h5" of counters.step (".h5" added if missing)
+  bool fsync = true;  // fsync the file (every rank) and the directory before and after the rename
+  // What retention keeps after the commit (h5ddp/policy.hpp): the keep_last newest ckpt-<step>.h5, every
+  // keep_every-th step, keep_files, the keep_best best by /meta[best_metric]. Default: keep_last 0, keep all.
+  KeepPolicy retention;
+  std::string name;  // file name in run_dir; default "ckpt-%08lld.h5" of counters.step (".h5" added if missing)
   bool update_latest = true;  // move run_dir/latest to this file
-  // File names in run_dir that retention never removes (e.g. the best-scoring checkpoint, --keep-best).
-  std::vector<std::string> keep_files;
-  // Retention: also keep the keep_best files with the highest value of /meta[keep_best_metric] (e.g.
-  // "eval_accuracy"; "" or keep_best 0: off). Files whose value is missing or not a number never count (KeepPolicy).
-  int keep_best = 0;
-  std::string keep_best_metric;
   // Replicated tensors must be identical on all ranks. By default each tensor is hashed in full by the one
   // rank that writes it (its checksum), and ranks compare a sample of every tensor (16 blocks of 4 KiB, all
   // of a tensor up to 64 KiB) before writing. true: every rank hashes every tensor in full and all hashes
@@ -150,43 +146,19 @@ using LoadDestinations = std::function<TrainState&(const CheckpointManifest& man
 void load_checkpoint(MpiComm& comm, const std::string& path, const LoadDestinations& destinations,
                      const LoadOptions& options = {});
 
-// Collective, the same list on every rank. The checkpoints an automatic resume tries, in order: every
-// ckpt-<step>.h5 of run_dir from the highest step down (never a *.partial). The rename of <name>.partial to
-// <name> is the commit point (docs/FORMAT.md), so the newest complete file comes first even when a kill
-// left `latest` naming an older one; `latest` is a pointer for people and tools. A file `latest` names
-// whose name carries no step (SaveOptions::name) comes first; latest_index is the position of the file
-// `latest` names (-1: none). Nothing is opened or verified: the trainer loads the first one that loads
-// (load_checkpoint verifies as it reads), so a resume reads the checkpoint once.
-struct ResumeCandidates {
-  std::vector<std::string> paths;
-  int latest_index = -1;
-};
-ResumeCandidates list_resume_candidates(Comm& comm, const std::string& run_dir);
-
-// Collective. Calls attempt(path) on every rank for each candidate of list_resume_candidates in turn until one
-// returns; returns that path, std::nullopt when none did (rank 0 warns with what was wrong with each file
-// skipped, and notes a resume from a file newer than the one `latest` names). An h5ddp::Error from attempt is
-// damage and moves on to the next candidate: it must be raised on every rank together, as the checkpoint
-// calls do. CheckpointMismatchError (another model) and DisagreementError (e.g. another optimizer) propagate:
-// an older file of the run would not match either.
+// Collective. Calls attempt(path) on every rank for each candidate of RunDir::resume_candidates (h5ddp/run_dir.hpp:
+// ckpt-<step>.h5 from the highest step down) in turn until one returns; returns that path, std::nullopt when none
+// did (rank 0 warns with what was wrong with each file skipped, and notes a resume from a file newer than the one
+// `latest` names). An h5ddp::Error from attempt is damage and moves on to the next candidate: it must be raised
+// on every rank together, as the checkpoint calls do. CheckpointMismatchError (another model) and
+// DisagreementError (e.g. another optimizer) propagate: an older file of the run would not match either.
 std::optional<std::string> resume_newest(Comm& comm, const std::string& run_dir,
                                          const std::function<void(const std::string& path)>& attempt);
-
-// Collective. The newest checkpoint in run_dir that verifies in full: the highest ckpt-<step>.h5, else the
-// next one down with a warning naming what was wrong (the order of list_resume_candidates);
-// std::nullopt when there is none (a fresh run must not fail). Checksums are verified in parallel (each rank
-// hashes a share of the datasets).
-std::optional<std::string> find_resume_checkpoint(MpiComm& comm, const std::string& run_dir);
 
 // Collective. For a run that starts fresh in run_dir (--resume none): the ckpt-<step>.h5 files already there
 // (the same list on every rank), which a later automatic resume would take while their step is higher than
 // the new run's newest save. Rank 0 warns, naming them, when there are any.
 std::vector<std::string> warn_of_checkpoints_in_fresh_run_dir(Comm& comm, const std::string& run_dir);
-
-// Local (one rank). Replaces run_dir/<name> with `text` the way `latest` is moved: <name>.tmp written, fsynced,
-// renamed over, the directory fsynced (fsync false skips both fsyncs). For other pointers of a run directory
-// (h5ddp-train's `best`). Throws CheckpointError naming the file.
-void write_run_dir_pointer(const std::string& run_dir, const std::string& name, const std::string& text, bool fsync);
 
 // Collective. Full verification of one file (structure + every checksum), datasets shared among ranks.
 // Returns the problems found (empty = valid), the same list on every rank.

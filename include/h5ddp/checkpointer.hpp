@@ -32,6 +32,7 @@
 
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/comm.hpp"
+#include "h5ddp/policy.hpp"
 #include "h5ddp/train_state.hpp"
 
 namespace h5ddp {
@@ -39,16 +40,17 @@ namespace h5ddp {
 class ShardedOptimizer;  // h5ddp/sharded_optimizer.hpp
 
 struct CheckpointerOptions {
-  std::string run_dir = "run";   // ckpt-<step>.h5 files and `latest`; created when missing
-  int64_t every_steps = 0;       // save when step % every_steps == 0 (0: off)
-  double every_seconds = 0;      // save when this long has passed since the last save on any rank (0: off)
-  int keep_last = 3;             // retention: the K newest files (0: all), as h5ddp-train and h5ddp_torch
-  int keep_every = 0;            // retention: also every file whose step is a multiple of M
-  int keep_best = 0;             // retention: also the N files with the highest /meta[keep_best_metric] (0: off)
-  std::string keep_best_metric;  // a meta string (set_meta) holding a number, e.g. "eval_accuracy"
-  bool async = false;            // training blocks only while the state is copied into host buffers
-  bool fsync = true;             // durable before `latest` moves (tests may turn it off)
-  bool verify_replicas = false;  // every rank hashes every replicated tensor (SaveOptions::verify_replicas)
+  std::string run_dir = "run";  // ckpt-<step>.h5 files and `latest`; created when missing
+  int64_t every_steps = 0;      // save when step % every_steps == 0 (0: off)
+  double every_seconds = 0;     // save when this long has passed since the last save on any rank (0: off)
+  // What each save keeps of run_dir (SaveOptions::retention, h5ddp/policy.hpp): the 3 newest files (keep_last; 0:
+  // all), as h5ddp-train and h5ddp_torch; also every keep_every-th step, the keep_best files with the best
+  // /meta[best_metric] (a meta string, set_meta, holding a number, e.g. "eval_accuracy"), keep_files (which
+  // set_keep_files replaces).
+  KeepPolicy retention = KeepPolicy::last(3);
+  bool async = false;                       // training blocks only while the state is copied into host buffers
+  bool fsync = true;                        // durable before `latest` moves (tests may turn it off)
+  bool verify_replicas = false;             // every rank hashes every replicated tensor (SaveOptions::verify_replicas)
   WriteMode write_mode = WriteMode::kAuto;  // how tensor bytes reach the file (SaveOptions::write_mode)
   MpiioHints mpiio_hints;                   // SaveOptions::mpiio_hints (loads: set load.mpiio_hints too)
   uint64_t alignment = uint64_t{1} << 20;   // SaveOptions::alignment
@@ -119,7 +121,7 @@ class Checkpointer {
   // Local: a string stored in the file's /meta group (model description, hyperparameters).
   void set_meta(const std::string& key, const std::string& value);
   // Local: the files of run_dir that retention must keep (e.g. the best-scoring checkpoint), from the next
-  // save on; replaces the previous list.
+  // save on; replaces the previous list (at first, options.retention.keep_files).
   void set_keep_files(std::vector<std::string> file_names);
   // Local: the learning-rate schedule's state recorded with each save (called with the step).
   void set_scheduler_state(std::function<SchedulerState(int64_t step)> fn);

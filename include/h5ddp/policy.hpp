@@ -66,6 +66,12 @@ struct KeepPolicy {
   int keep_best = 0;
   MetricOrder best_order = MetricOrder::kHigherIsBetter;
 
+  // Pure. The policy that keeps the `keep_last` newest files and nothing more.
+  static KeepPolicy last(int keep_last) {
+    KeepPolicy p;
+    p.keep_last = keep_last;
+    return p;
+  }
   // Whether the policy needs CheckpointEntry::value (best_metric set, keep_best > 0, keep_last > 0).
   bool needs_values() const;
   // Pure. The files of `entries` to delete, highest step first (the order retention removes them in). `pinned`

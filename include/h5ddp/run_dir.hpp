@@ -11,11 +11,22 @@
 #include <system_error>
 #include <vector>
 
-#include "h5ddp/checkpoint.hpp"
 #include "h5ddp/comm.hpp"
 #include "h5ddp/policy.hpp"
 
 namespace h5ddp {
+
+// The checkpoints an automatic resume tries, in order (RunDir::resume_candidates): every ckpt-<step>.h5 of the run
+// directory from the highest step down (never a *.partial). The rename of <name>.partial to <name> is the commit
+// point (docs/FORMAT.md), so the newest complete file comes first even when a kill left `latest` naming an older
+// one; `latest` is a pointer for people and tools. A file `latest` names whose name carries no step
+// (SaveOptions::name) comes first; latest_index is the position of the file `latest` names (-1: none). Nothing is
+// opened or verified: the trainer loads the first one that loads (load_checkpoint verifies as it reads, through
+// resume_newest), so a resume reads the checkpoint once.
+struct ResumeCandidates {
+  std::vector<std::string> paths;
+  int latest_index = -1;
+};
 
 // What RUN_DIR/best says: "<file> <value>" (h5ddp-train --keep-best: the test accuracy).
 struct BestPointer {
@@ -39,8 +50,8 @@ class RunDir {
   // Local. The names of the *.h5.partial files: saves in progress, or that died.
   std::vector<std::string> partials(std::error_code* error = nullptr) const;
 
-  // Collective (rank 0 lists, the list is broadcast). The files an automatic resume tries, in order; see
-  // list_resume_candidates (a wrapper of this).
+  // Collective (rank 0 lists, the list is broadcast), the same list on every rank. The files an automatic resume
+  // tries, in order (ResumeCandidates).
   ResumeCandidates resume_candidates(Comm& comm) const;
 
   // Local. The file name `latest` holds (first line, trailing blanks and \r dropped); "" when it is missing or
@@ -58,7 +69,9 @@ class RunDir {
   // Local (one rank). Moves `best` to "<file> <value with 6 decimals>\n", the way `latest` moves. Throws
   // CheckpointError naming the file.
   void move_best(const std::string& file_name, double value, bool fsync) const;
-  // Local (one rank). Replaces path()/name with `text` the way `latest` moves (write_run_dir_pointer).
+  // Local (one rank). Replaces path()/name with `text` the way `latest` moves: <name>.tmp written, fsynced,
+  // renamed over, the directory fsynced (fsync false skips both fsyncs). For other pointers of a run directory.
+  // Throws CheckpointError naming the file.
   void write_pointer(const std::string& name, const std::string& text, bool fsync) const;
 
   // Local (rank 0 of a save, after `latest` moved; saves are collective and sequential). Removes every
@@ -71,8 +84,5 @@ class RunDir {
  private:
   std::string path_;
 };
-
-// The retention rules of `options` (keep_last, keep_every, keep_files, keep_best, keep_best_metric).
-KeepPolicy keep_policy_of(const SaveOptions& options);
 
 }  // namespace h5ddp

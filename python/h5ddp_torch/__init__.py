@@ -8,14 +8,13 @@
     verify(path)                                           [] or the list of problems
     DistributedSampler, DataState                          h5ddp's data order, bit for bit
 """
-__version__ = "0.1.0"
-
-from .comm import exit_without_teardown, get_comm, init_from_mpi  # noqa: E402
-from .errors import CheckpointError, CheckpointMismatchError, DisagreementError  # noqa: E402
-from .loader import LoadResult, load, read_model, resume  # noqa: E402
-from .sampler import DataState, DistributedSampler  # noqa: E402
-from .verify import verify  # noqa: E402
-from .writer import SaveResult, save  # noqa: E402
+from ._version import __version__  # noqa: F401 - exported: h5ddp_torch.__version__
+from .comm import exit_without_teardown, get_comm, init_from_mpi
+from .errors import CheckpointError, CheckpointMismatchError, DisagreementError
+from .loader import LoadResult, load, read_model, resume
+from .sampler import DataState, DistributedSampler
+from .verify import verify
+from .writer import SaveResult, save
 
 __all__ = ["save", "load", "read_model", "resume", "verify", "init_from_mpi", "get_comm", "exit_without_teardown", "DataState",
            "DistributedSampler", "LoadResult", "SaveResult", "CheckpointError", "CheckpointMismatchError", "DisagreementError"]

@@ -20,3 +20,12 @@ class CheckpointMismatchError(CheckpointError):
 
 class DisagreementError(CheckpointError):
     """Ranks hold different state or call a collective operation differently; nothing was written."""
+
+
+def capture(fn):
+    """Runs fn; returns (result, error or None): a CheckpointError as it is, any other exception as a one-line
+    message. The error then goes to comm.raise_if_any, which raises it on every rank."""
+    try:
+        return fn(), None
+    except Exception as e:  # noqa: BLE001 - every error is agreed between ranks, then raised on all of them
+        return None, e if isinstance(e, CheckpointError) else f"{type(e).__name__}: {first_line(e)}"

@@ -6,7 +6,7 @@ bytes written in parallel by positional writes.
   offsets   each dataset's byte offset in the file (H5Dget_offset), broadcast to every rank
   write     each rank os.pwrite()s the rows of its byte share (writer.compute_segments) at offset + row * row
             bytes, fsyncs, closes; the ranks agree on the outcome
-  hashes    gathered and agreed as on the MPI path (writer.agree_checksums)
+  hashes    gathered and agreed as on the MPI path (partial.agree_checksums)
   finish    rank 0 reopens the file with HDF5 and rewrites the checksum attributes in place, closes, fsyncs
 Any failure raises on every rank (a rank that died makes the others' collectives fail) and rank 0 removes the
 partial file; the commit (rename, latest) comes after, in writer.py. A dataset written whole by one rank fits
@@ -16,8 +16,8 @@ import time
 
 from . import h5
 from .commit import fsync_path
-from .errors import CheckpointError
-from .writer import MAX_TRANSFER_BYTES, agree_checksums, as_bytes, capture, create_structure, set_checksums
+from .errors import CheckpointError, capture
+from .partial import MAX_TRANSFER_BYTES, agree_checksums, as_bytes, create_structure, set_checksums
 
 
 def _layout(partial_path, items, structure):

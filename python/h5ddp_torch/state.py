@@ -5,6 +5,7 @@ import torch
 
 from . import format as fmt
 from .errors import CheckpointError, CheckpointMismatchError
+from .sampler import mix_seed
 
 _TORCH_TO_NAME = {
     torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16",
@@ -115,14 +116,14 @@ def _hyper(kind, group):
             "weight_decay": group["weight_decay"], "amsgrad": 1.0 if group["amsgrad"] else 0.0}
 
 
-def optimizer_entries(model, optimizer):
+def optimizer_entries(model, optimizer, local=None):
     """(type, groups, state) of `optimizer` over `model`'s parameters: groups is [(hyper dict, [names])],
-    state is [(param name, key, tensor)] in the model's parameter order (Adam's step as an int64 scalar)."""
-    from .zero import is_zero, zero_type
-    # A ZeroRedundancyOptimizer: groups of the wrapper (every parameter), state of its local optimizer (this
-    # rank's partition); the writer marks those datasets as this rank's (zero.shard_items).
-    local = optimizer.optim if is_zero(optimizer) else optimizer
-    kind = zero_type(optimizer) if is_zero(optimizer) else optimizer_type(optimizer)
+    state is [(param name, key, tensor)] in the model's parameter order (Adam's step as an int64 scalar).
+    local: the optimizer that holds the state and gives the type, when it is not `optimizer` itself (a
+    ZeroRedundancyOptimizer: groups of the wrapper, every parameter; state of its local optimizer, this rank's
+    partition, zero.local_optimizer; the writer marks those datasets as this rank's, zero.shard_items)."""
+    local = optimizer if local is None else local
+    kind = optimizer_type(local)
     if not kind:
         return "", [], []
     names = param_names(model)
@@ -194,7 +195,6 @@ def restore_rng(cpu_row, cuda_row, seed, rank, step):
         if cuda_row is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state(torch.from_numpy(np.array(cuda_row, dtype=np.uint8)))
         return True
-    from .sampler import mix_seed
     derived = mix_seed(mix_seed(seed, rank), step)
     torch.manual_seed(derived)
     return False

@@ -1,6 +1,6 @@
 """save: a collective checkpoint of a torch.distributed job, ONE file written by all ranks (with MPI-IO under
-an MPI launch; without MPI by positional writes, pwrite.py), in docs/FORMAT.md's layout and with its commit
-protocol:
+an MPI launch; without MPI by positional writes, pwrite.py; what both share, the file's structure and its
+checksums, in partial.py), in docs/FORMAT.md's layout and with its commit protocol:
 
   plan      the datasets (model, optimizer state keyed by parameter name, counters, data position, every
             rank's RNG row), each rank's byte share (rows), agreement on structure and replicas
@@ -19,18 +19,17 @@ import numpy as np
 import torch
 import xxhash
 
-from . import __version__
 from . import format as fmt
 from . import h5
 from . import zero
+from ._version import __version__
 from .comm import get_comm
 from .commit import apply_retention, fsync_path, write_latest
-from .errors import CheckpointError, DisagreementError, first_line
+from .errors import CheckpointError, DisagreementError, capture
+from .partial import MAX_TRANSFER_BYTES, Item, agree_checksums, array_hash, as_bytes, create_structure, set_checksums
+from .pwrite import write_partial_positional
 from .sampler import DataState
-from .state import model_tensors, optimizer_entries, rng_states, to_numpy, user_tensor
-
-# Largest single write (as the C++ writer: MPI-IO counts are ints).
-MAX_TRANSFER_BYTES = 1 << 30
+from .state import dtype_name, model_tensors, optimizer_entries, rng_states, to_numpy, user_tensor
 
 
 @dataclass
@@ -42,43 +41,12 @@ class SaveResult:
     phases: dict = field(default_factory=dict)
 
 
-@dataclass
-class _Item:
-    path: str
-    array: np.ndarray  # the stored bytes, C-contiguous
-    dtype: str         # h5ddp dtype name, or "string"
-    tensor: bool       # model/optimizer/user tensor: hashed by the rank that writes it
-    checksum: int = 0
-    owner: int = -1    # >= 0: held by that rank only (ZeRO state), written whole by it, not compared (zero.py)
-
-    @property
-    def nbytes(self):
-        return self.array.nbytes
-
-    @property
-    def rows(self):
-        return self.array.shape[0] if self.array.ndim else 1
-
-    @property
-    def row_bytes(self):
-        return self.nbytes // self.rows if self.rows else 0
-
-
-def as_bytes(a):
-    """The bytes of a C-contiguous array as a flat uint8 view (also for 0-d and empty arrays)."""
-    return a.reshape(-1).view(np.uint8)
-
-
-def _hash(a):
-    return xxhash.xxh3_64_intdigest(as_bytes(a))
-
-
 def _sample_hash(a):
     """A cheap fingerprint for comparing replicas before writing: all of a small array, 16 spread 4 KiB pieces
     of a large one (the full comparison comes with the checksums)."""
     b = as_bytes(a)
     if len(b) <= 1 << 16:
-        return _hash(a)
+        return array_hash(a)
     h = xxhash.xxh3_64()
     for i in range(16):
         start = (len(b) - 4096) * i // 15
@@ -87,13 +55,13 @@ def _sample_hash(a):
 
 
 def _scalar(path, dtype, value):
-    return _Item(path, np.array(value, dtype=fmt.NUMPY_DTYPES[dtype]), dtype, False)
+    return Item(path, np.array(value, dtype=fmt.NUMPY_DTYPES[dtype]), dtype, False)
 
 
 def _strings(path, names):
     encoded = [n.encode("utf-8") for n in names]
     width = max([1] + [len(e) for e in encoded])
-    return _Item(path, np.array(encoded, dtype=f"S{width}"), "string", False)
+    return Item(path, np.array(encoded, dtype=f"S{width}"), "string", False)
 
 
 def _counter_breaks(step, epoch, samples_consumed, data, scheduler, name):
@@ -155,7 +123,8 @@ def _optimizer_breaks(model, kind, groups, state, step):
 def _local_items(model, optimizer, step, epoch, samples_consumed, data, user, scheduler, name):
     """The datasets this rank would write, (optimizer type, groups, items); raises CheckpointError, before
     anything is written, when the state would break a rule of docs/FORMAT.md."""
-    kind, groups, state = optimizer_entries(model, optimizer) if optimizer is not None else ("", [], [])
+    local = zero.local_optimizer(optimizer) if zero.is_zero(optimizer) else optimizer
+    kind, groups, state = optimizer_entries(model, optimizer, local) if optimizer is not None else ("", [], [])
     breaks = _counter_breaks(step, epoch, samples_consumed, data, scheduler, name)
     breaks += _optimizer_breaks(model, kind, groups, state, step)
     if breaks:
@@ -169,13 +138,13 @@ def _local_items(model, optimizer, step, epoch, samples_consumed, data, user, sc
         items.append(item)
 
     for key, t in model_tensors(model):
-        add(_Item(fmt.model_dataset(key), to_numpy(t, key), _dtype(t, key), True))
+        add(Item(fmt.model_dataset(key), to_numpy(t, key), dtype_name(t, key), True))
     for pname, key, t in state:
-        add(_Item(fmt.optimizer_state_dataset(pname, key), to_numpy(t, f"{pname}/{key}"),
-                  _dtype(t, f"{pname}/{key}"), True))
+        add(Item(fmt.optimizer_state_dataset(pname, key), to_numpy(t, f"{pname}/{key}"),
+                  dtype_name(t, f"{pname}/{key}"), True))
     for key, t in (user or {}).items():
         t = user_tensor(t)
-        add(_Item(fmt.user_dataset(key), to_numpy(t, key), _dtype(t, key), True))
+        add(Item(fmt.user_dataset(key), to_numpy(t, key), dtype_name(t, key), True))
     for i, (_, names) in enumerate(groups):
         if names:
             add(_strings(f"{fmt.param_group_path(i)}/{fmt.PARAM_NAMES_DATASET}", names))
@@ -187,11 +156,6 @@ def _local_items(model, optimizer, step, epoch, samples_consumed, data, user, sc
     add(_scalar(fmt.DATA_POSITION, "int64", data.position))
     add(_scalar(fmt.DATA_GLOBAL_BATCH, "int64", data.global_batch))
     return kind, groups, items
-
-
-def _dtype(t, what):
-    from .state import dtype_name
-    return dtype_name(t, what)
 
 
 def _rng_items(comm):
@@ -208,14 +172,14 @@ def _rng_items(comm):
         if which == 1 and sizes[0] == 0:
             continue
         m = np.frombuffer(b"".join(r[which] for r in rows), dtype=np.uint8).reshape(comm.size, sizes[0])
-        items.append(_Item(path, m, "uint8", False))
+        items.append(Item(path, m, "uint8", False))
     return items
 
 
 def compute_segments(items, world):
     """[(item index, rank, row_begin, row_end)]: the concatenated bytes of all datasets split into `world`
     contiguous shares at row granularity (a row belongs to the share holding its first byte); the same split as
-    the C++ writer's (src/checkpoint/checkpoint_plan.cpp)."""
+    the C++ writer's (src/checkpoint/plan.cpp)."""
     total = sum(d.nbytes for d in items if d.owner < 0)
     bound = [total * r // world for r in range(world + 1)]
     out, offset = [], 0
@@ -278,73 +242,6 @@ def _utc_now():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _scalar_early(f, d, dcpl):
-    """A scalar dataset with `dcpl` (h5py's create_dataset replaces the creation properties of a scalar with
-    the defaults, which allocate its storage late)."""
-    import h5py
-
-    lcpl = h5py.h5p.create(h5py.h5p.LINK_CREATE)
-    lcpl.set_create_intermediate_group(True)
-    dsid = h5py.h5d.create(f.id, d.path.encode(), h5py.h5t.py_create(d.array.dtype, logical=1),
-                           h5py.h5s.create(h5py.h5s.SCALAR), dcpl=dcpl, lcpl=lcpl)
-    return h5py.Dataset(dsid)
-
-
-def create_structure(f, items, kind, groups, scheduler, meta, world, step, created, early=False):
-    """The root attributes, groups and every dataset of the file (no data written), [datasets]. early: storage
-    allocated at creation (serial HDF5 defers it; parallel HDF5 always allocates early) and a checksum
-    attribute of 0 in place, so that the data never moves and the checksums are later rewritten in place."""
-    import h5py
-
-    f.attrs[fmt.ATTR_FORMAT] = fmt.FORMAT_NAME
-    f.attrs[fmt.ATTR_FORMAT_VERSION] = np.int64(fmt.FORMAT_VERSION)
-    f.attrs[fmt.ATTR_FORMAT_MINOR_VERSION] = np.int64(fmt.FORMAT_MINOR_VERSION)
-    f.attrs[fmt.ATTR_H5DDP_VERSION] = str(__version__)
-    f.attrs[fmt.ATTR_TORCH_VERSION] = str(meta.get("torch_version", "unknown"))
-    f.attrs[fmt.ATTR_CREATED] = str(created)
-    f.attrs[fmt.ATTR_WORLD_SIZE] = np.int64(world)
-    f.attrs[fmt.ATTR_STEP] = np.int64(step)
-    for g in (fmt.MODEL_GROUP, fmt.OPTIMIZER_GROUP, fmt.PARAM_GROUPS_GROUP, fmt.OPTIMIZER_STATE_GROUP,
-              fmt.TRAIN_GROUP, fmt.DATA_GROUP, fmt.RNG_GROUP):
-        f.require_group(g)
-    if any(d.path.startswith(fmt.USER_GROUP + "/") for d in items):
-        f.require_group(fmt.USER_GROUP)
-    f[fmt.OPTIMIZER_GROUP].attrs[fmt.ATTR_OPTIMIZER_TYPE] = str(kind)
-    for i, (hyper, _) in enumerate(groups):
-        g = f.require_group(fmt.param_group_path(i))
-        for k, v in hyper.items():
-            g.attrs[k] = np.float64(v)
-    sched = f.require_group(fmt.SCHEDULER_GROUP)
-    sched.attrs[fmt.ATTR_SCHEDULER_TYPE] = str(scheduler.get("type", "none"))
-    for k, v in scheduler.items():
-        if k != "type":
-            sched.attrs[k] = np.float64(v)
-    m = f.require_group(fmt.META_GROUP)
-    for k, v in meta.items():
-        m.attrs[k] = str(v)
-    dsets = []
-    for d in items:
-        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)  # storage is allocated at creation: no pass of fill values
-        if early:
-            dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-        ds = _scalar_early(f, d, dcpl) if early and d.array.ndim == 0 else \
-            f.create_dataset(d.path, shape=d.array.shape, dtype=d.array.dtype, dcpl=dcpl)
-        ds.attrs[fmt.ATTR_DTYPE] = d.dtype
-        if early:
-            ds.attrs[fmt.ATTR_CHECKSUM] = np.uint64(0)
-        dsets.append(ds)
-    return dsets
-
-
-def capture(fn):
-    """Runs fn; returns (result, error message or None)."""
-    try:
-        return fn(), None
-    except Exception as e:  # noqa: BLE001 - every error is agreed between ranks, then raised on all of them
-        return None, e if isinstance(e, CheckpointError) else f"{type(e).__name__}: {first_line(e)}"
-
-
 def _plan(comm, model, optimizer, step, epoch, samples_consumed, data, user, scheduler, meta, name):
     """Collective. (kind, groups, items, segments, pieces): the datasets, agreed between the ranks, and each
     rank's rows; raises on every rank when a rank's state breaks a rule or the ranks differ."""
@@ -360,7 +257,7 @@ def _plan(comm, model, optimizer, step, epoch, samples_consumed, data, user, sch
         meta.setdefault("optimizer", kind)
     items += _rng_items(comm)
     if zero.is_zero(optimizer):
-        items = zero.shard_items(comm, model, items, lambda p, a, t, r: _Item(p, a, t, True, owner=r))
+        items = zero.shard_items(comm, model, items)
     _agree_on_plan(comm, items, _describe(items, kind, groups, scheduler, meta))
     segments = compute_segments(items, comm.size)
     pieces = [0] * len(items)
@@ -400,30 +297,6 @@ def _write_share(comm, dsets, items, segments, partial_path, result):
     comm.raise_if_any(error)
 
 
-def agree_checksums(comm, items, segments, pieces):
-    """Collective. Sets every item's checksum: a tensor's comes from the rank that wrote it whole; a split,
-    empty or small dataset is hashed by every rank and the hashes must agree (the bytes from different replicas
-    must be the same); raises DisagreementError on every rank when they do not."""
-    owner = [-1] * len(items)
-    for i, r, _, _ in segments:
-        if items[i].tensor and pieces[i] == 1:
-            owner[i] = r
-    mine = [_hash(d.array) if owner[i] in (-1, comm.rank) else None for i, d in enumerate(items)]
-    differ = []
-    for i, col in enumerate(zip(*comm.allgather(mine))):
-        values = {v for v in col if v is not None}
-        if len(values) != 1:
-            differ.append(items[i].path)
-        items[i].checksum = min(values)
-    comm.raise_if_any("replicated state differs between ranks (full checksums disagree); nothing is "
-                      "committed: " + ", ".join(differ) if differ else None, DisagreementError)
-
-
-def set_checksums(dsets, items):
-    for ds, d in zip(dsets, items):
-        ds.attrs[fmt.ATTR_CHECKSUM] = np.uint64(d.checksum)
-
-
 def _write_checksums(comm, dsets, items, segments, pieces):
     """Collective. The checksums agreed, then written by every rank (parallel HDF5: attributes collectively)."""
     agree_checksums(comm, items, segments, pieces)
@@ -436,7 +309,6 @@ def _write_partial(comm, partial_path, plan, structure, fsync, result, phases):
     plan: (items, segments, pieces); structure: the arguments of create_structure after f and items.
     Without MPI (the "torch" transport) the bytes go by positional writes (pwrite.py)."""
     if comm.transport == "torch":
-        from .pwrite import write_partial_positional
         return write_partial_positional(comm, partial_path, plan, structure, fsync, result, phases)
     items, segments, pieces = plan
     f = None

@@ -2,7 +2,7 @@
 
 Saving: every rank plans the state datasets of the parameters IT owns (its local optimizer `zero.optim`); the
 ranks exchange (path, dtype, shape) of those, so that all of them create the same datasets, and each owner writes
-its datasets whole and hashes them (writer.py: _Item.owner). The file is the one a replicated optimizer of the
+its datasets whole and hashes them (partial.py: Item.owner). The file is the one a replicated optimizer of the
 wrapped class writes: param groups list every parameter by name, /optimizer/state/<p>/... for every parameter
 with state (docs/FORMAT.md).
 
@@ -13,6 +13,7 @@ import numpy as np
 
 from . import format as fmt
 from .errors import CheckpointError, CheckpointMismatchError, DisagreementError
+from .partial import Item
 from .rules import decode_names
 from .state import file_groups, file_state, optimizer_type, param_names
 
@@ -25,7 +26,7 @@ def is_zero(optimizer):
     return isinstance(optimizer, ZeroRedundancyOptimizer)
 
 
-def _local(zero):
+def local_optimizer(zero):
     """The wrapped optimizer holding this rank's partition; refuses configurations h5ddp cannot describe."""
     if getattr(zero, "_overlap_with_ddp", False):
         raise CheckpointError("a ZeroRedundancyOptimizer with overlap_with_ddp=True keeps a functional optimizer; "
@@ -34,13 +35,13 @@ def _local(zero):
 
 
 def zero_type(zero):
-    return optimizer_type(_local(zero))
+    return optimizer_type(local_optimizer(zero))
 
 
 def owned_names(model, zero):
     """Names of the parameters whose optimizer state this rank holds (the current partition)."""
     names = param_names(model)
-    return {names[id(p)] for g in _local(zero).param_groups for p in g["params"] if id(p) in names}
+    return {names[id(p)] for g in local_optimizer(zero).param_groups for p in g["params"] if id(p) in names}
 
 
 def global_groups(model, zero):
@@ -67,10 +68,10 @@ def _order(model):
     return key
 
 
-def shard_items(comm, model, items, make_item):
+def shard_items(comm, model, items):
     """Collective. `items` (this rank's plan) with its optimizer state datasets marked as owned by this rank and
     every other rank's owned datasets added as placeholders (dtype and shape only, no memory) in model parameter
-    order, right after the /model datasets: the same list on every rank. make_item(path, array, dtype, owner)."""
+    order, right after the /model datasets: the same list on every rank (partial.Item)."""
     prefix = fmt.OPTIMIZER_STATE_GROUP + "/"
     mine = [d for d in items if d.path.startswith(prefix)]
     rest = [d for d in items if not d.path.startswith(prefix)]
@@ -89,7 +90,7 @@ def shard_items(comm, model, items, make_item):
     sharded = list(mine)
     for r, lst in enumerate(described):
         if r != comm.rank:
-            sharded += [make_item(path, np.broadcast_to(np.zeros((), dtype=np.dtype(npd)), shape), dtype, r)
+            sharded += [Item(path, np.broadcast_to(np.zeros((), dtype=np.dtype(npd)), shape), dtype, True, owner=r)
                         for path, dtype, npd, shape in lst]
     order = _order(model)
     sharded.sort(key=lambda d: order(d.path))
@@ -134,7 +135,7 @@ def plan_load(path, m, arrays, model, zero):
     """The state dict of this rank's local optimizer, built from the file: the state of the parameters it owns
     (state keyed by name -> the local optimizer's indices) and the file's hyperparameters."""
     _compare_groups(path, m, arrays, model, zero)
-    local = _local(zero)
+    local = local_optimizer(zero)
     names = param_names(model)
     sd_groups = local.state_dict()["param_groups"]
     index_of = {names[id(p)]: i for g, sg in zip(local.param_groups, sd_groups) for p, i in zip(g["params"],
@@ -145,7 +146,7 @@ def plan_load(path, m, arrays, model, zero):
 
 def apply_load(zero, sd):
     """Loads the local optimizer's state dict and copies its hyperparameters into the wrapper's groups."""
-    local = _local(zero)
+    local = local_optimizer(zero)
     local.load_state_dict(sd)
     for src, dst in zip(local.param_groups, zero.param_groups):
         for k, v in src.items():

@@ -8,12 +8,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
-#include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/errors.hpp"
+#include "h5ddp/clock.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/log.hpp"
 #include "h5ddp/mpi_comm.hpp"
@@ -24,11 +24,6 @@
 
 namespace h5ddp {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 constexpr size_t kAlign = 64;                     // each tensor starts on a cache line,
 constexpr size_t kPage = 4096;                    // a large one on a page: its O_DIRECT writes need no bounce
@@ -185,19 +180,19 @@ void AsyncCheckpointer::start(const TrainState& state, const std::string& run_di
   const auto t0 = Clock::now();
   finish();  // at most one save in flight; a failure of the previous one surfaces here on all ranks
   timing_ = AsyncSaveTiming();
-  timing_.wait_seconds = since(t0);
+  timing_.wait_seconds = seconds_since(t0);
 
   const auto t1 = Clock::now();
   take_snapshot(state, run_dir, options);
-  timing_.copy_seconds = since(t1);
+  timing_.copy_seconds = seconds_since(t1);
 
   if (!threaded_) {
     last_result_ = save_checkpoint(comm_, snapshot_, run_dir_, options_);
-    timing_.blocked_seconds = since(t0);
+    timing_.blocked_seconds = seconds_since(t0);
     return;
   }
   launch_worker();
-  timing_.blocked_seconds = since(t0);
+  timing_.blocked_seconds = seconds_since(t0);
 }
 
 void AsyncCheckpointer::take_snapshot(const TrainState& state, const std::string& run_dir, const SaveOptions& options) {

@@ -13,8 +13,8 @@
 #include <mutex>
 #include <thread>
 
-#include "checkpoint/checkpoint_internal.hpp"
 #include "checkpoint/direct_io.hpp"
+#include "checkpoint/fault_inject.hpp"
 #include "h5ddp/error.hpp"
 
 namespace h5ddp::ckpt {

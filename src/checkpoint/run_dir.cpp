@@ -9,7 +9,9 @@
 #include <sstream>
 #include <utility>
 
-#include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/fault_inject.hpp"
+#include "checkpoint/fsync.hpp"
+#include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
 #include "h5ddp/log.hpp"
@@ -17,9 +19,6 @@
 namespace fs = std::filesystem;
 
 namespace h5ddp {
-namespace ckpt {
-void fsync_path(const std::string& path, bool directory);  // checkpoint_commit.cpp
-}  // namespace ckpt
 
 namespace {
 
@@ -226,16 +225,6 @@ std::vector<std::string> RunDir::apply_retention(const KeepPolicy& policy, const
     ckpt::maybe_inject_fault("mid_retention", 0);  // only rank 0 applies retention
   }
   return removed;
-}
-
-KeepPolicy keep_policy_of(const SaveOptions& options) {
-  KeepPolicy p;
-  p.keep_last = options.keep_last;
-  p.keep_every = options.keep_every;
-  p.keep_files = options.keep_files;
-  p.best_metric = options.keep_best_metric;
-  p.keep_best = options.keep_best;
-  return p;
 }
 
 }  // namespace h5ddp

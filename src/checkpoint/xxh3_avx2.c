@@ -1,4 +1,4 @@
-/* XXH3 compiled for AVX2 (src/io.cmake gives this file -mavx2 -O3 on x86-64). checkpoint_hash.cpp calls it
+/* XXH3 compiled for AVX2 (src/checkpoint/CMakeLists.txt gives this file -mavx2 -O3 on x86-64). hash.cpp calls it
  * only where the CPU has AVX2, and otherwise uses its own built-in XXH3 (SSE2 on x86-64).
  * Every instruction set gives the same hash values: XXH3 is defined by its scalar algorithm, and the vector
  * code only computes the same accumulators faster. Only C and xxhash.h here, so that no inline C++ function

@@ -6,22 +6,17 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <map>
 #include <sstream>
 
+#include "h5ddp/clock.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/log.hpp"
 
 namespace h5ddp {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 DType to_dtype(torch::ScalarType t) {
   if (auto d = dtype_of(t)) return *d;

@@ -3,11 +3,11 @@
 #include <torch/version.h>
 
 #include <algorithm>
-#include <chrono>
 #include <csignal>
 #include <filesystem>
 
 #include "checkpoint/async_checkpoint.hpp"
+#include "h5ddp/clock.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
 #include "h5ddp/log.hpp"
@@ -19,12 +19,6 @@
 
 namespace h5ddp {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 std::string torch_version() {
   return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
@@ -106,7 +100,6 @@ struct Checkpointer::Impl {
   std::vector<Tracked> tracked;
   std::map<std::string, std::string> meta;
   std::string shard = "none";  // /meta shard: how the optimizer state was split when the file was written
-  std::vector<std::string> keep_files;
   std::function<SchedulerState(int64_t)> scheduler;
   std::unique_ptr<AsyncCheckpointer> async;
   bool signals = false;
@@ -283,7 +276,7 @@ void Checkpointer::track(const std::string& name, double* value) {
 }
 
 void Checkpointer::set_keep_files(std::vector<std::string> file_names) {
-  impl_->keep_files = std::move(file_names);
+  options_.retention.keep_files = std::move(file_names);
 }
 
 void Checkpointer::set_meta(const std::string& key, const std::string& value) {
@@ -370,15 +363,11 @@ SaveResult Checkpointer::save() {
   TrainState st = export_state();
   SaveOptions o;
   o.fsync = options_.fsync;
-  o.keep_last = options_.keep_last;
-  o.keep_every = options_.keep_every;
-  o.keep_best = options_.keep_best;
-  o.keep_best_metric = options_.keep_best_metric;
+  o.retention = options_.retention;
   o.verify_replicas = options_.verify_replicas;
   o.write_mode = options_.write_mode;
   o.mpiio_hints = options_.mpiio_hints;
   o.alignment = options_.alignment;
-  o.keep_files = impl_->keep_files;
   impl_->last_save_time = Clock::now();
   stats_ = SaveStats();
   stats_.step = counters_.step;

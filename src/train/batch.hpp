@@ -30,8 +30,14 @@ struct ScoreSums {
   double rows = 0;     // rows scored; per-position labels: positions scored (not kIgnoreLabel)
 };
 
-// Rows a scoring forward takes at once: 1000, token data about 8192 tokens' worth.
+// Rows a scoring forward takes at once: 128, token data about 8192 tokens' worth.
 int64_t score_batch_rows(const SampleSpec& spec);
+
+// Local, process-wide (glibc). Freed blocks of up to 64 MiB stay in the heap, and the heap is not trimmed below
+// 128 MiB: an evaluation frees every activation after each batch, and giving that memory back to the kernel to fault
+// it in again for the next batch cost h5ddp-ckpt eval 2x its CPU time (docs/BENCHMARKS.md "Evaluation speed").
+// Not for memory-bound runs (the sharded stages fix a 1 MiB mmap threshold instead). No-op without glibc.
+void keep_freed_memory_in_heap();
 
 // How a batch is computed: where (the model's device; batches are moved there) and in which precision.
 struct Compute {

@@ -67,8 +67,42 @@ void require(bool ok, const std::string& option, const T& value, const std::stri
 // Options given as their negation or parsed further after reading; applied to the TrainConfig by apply_switches.
 struct Switches {
   std::string mlp_hidden, config_file, watchdog = "auto";
-  bool no_fsync = false, no_eval = false, no_final = false, no_metrics = false;
+  bool no_fsync = false, no_eval = false, no_final = false, no_metrics = false, shard_optimizer = false;
+  // Word-valued options, turned into TrainConfig's enums by apply_choices.
+  std::string optimizer = "adam", shard = "none", checkpoint_write = "auto", load_strategy = "every-rank-reads",
+              on_save_error = "stop", resume = "auto", precision = "fp32", progress = "auto";
 };
+
+// One option's words and the values they stand for.
+template <class E>
+using Words = std::vector<std::pair<const char*, E>>;
+
+const Words<OptimizerKind> kOptimizers = {
+    {"adam", OptimizerKind::kAdam}, {"adamw", OptimizerKind::kAdamW}, {"sgd", OptimizerKind::kSgd}};
+const Words<ShardOption> kShards = {{"none", ShardOption::kNone},
+                                    {"optimizer", ShardOption::kOptimizer},
+                                    {"gradients", ShardOption::kGradients},
+                                    {"parameters", ShardOption::kParameters}};
+const Words<ProgressMode> kProgressModes = {
+    {"auto", ProgressMode::kAuto}, {"tty", ProgressMode::kTty}, {"lines", ProgressMode::kLines}};
+
+// The value `word` stands for; ConfigError "--option word: must be a | b | c" for any other word.
+template <class E>
+E choice(const std::string& option, const std::string& word, const Words<E>& words) {
+  std::string list;
+  for (const auto& [w, v] : words) {
+    if (word == w) return v;
+    list += (list.empty() ? "" : " | ") + std::string(w);
+  }
+  throw ConfigError("--" + option + " " + word + ": must be " + list);
+}
+
+template <class E>
+const char* word_of(E value, const Words<E>& words) {
+  for (const auto& [w, v] : words)
+    if (v == value) return w;
+  return "?";
+}
 
 po::options_description general_options(TrainConfig& c, Switches& sw) {
   po::options_description general("General");
@@ -89,7 +123,7 @@ po::options_description general_options(TrainConfig& c, Switches& sw) {
       "device", po::value(&c.device)->default_value(c.device),
       "auto | cpu | cuda: cuda trains each rank on its own GPU (the one it sees, or the one at its local rank) "
       "with NCCL gradient allreduce; auto = cuda when the build and the node have it")(
-      "precision", po::value(&c.precision)->default_value(c.precision),
+      "precision", po::value(&sw.precision)->default_value(sw.precision),
       "fp32 | bf16: bf16 runs forward and loss under autocast (weights, gradients, optimizer state stay fp32)")(
       "seed", po::value(&c.seed)->default_value(c.seed),
       "seed of the data order, initial weights and dropout "
@@ -118,7 +152,7 @@ po::options_description training_options(TrainConfig& c, Switches& sw) {
                                  "GLOBAL batch size over all ranks; "
                                  "must be divisible by the rank count")(
       "lr", po::value(&c.lr)->default_value(c.lr, "0.002"), "learning rate")(
-      "optimizer", po::value(&c.optimizer)->default_value(c.optimizer), "adam | adamw | sgd")(
+      "optimizer", po::value(&sw.optimizer)->default_value(sw.optimizer), "adam | adamw | sgd")(
       "momentum", po::value(&c.momentum)->default_value(c.momentum, "0.9"), "SGD momentum")(
       "weight-decay", po::value(&c.weight_decay)->default_value(c.weight_decay),
       "weight decay (L2 for adam/sgd, "
@@ -131,7 +165,7 @@ po::options_description training_options(TrainConfig& c, Switches& sw) {
       "lr-gamma", po::value(&c.lr_gamma)->default_value(c.lr_gamma, "0.1"), "step schedule: decay factor")(
       "step-sleep-ms", po::value(&c.step_sleep_ms)->default_value(c.step_sleep_ms),
       "sleep after each step "
-      "(throttle for tests and demos)")("progress", po::value(&c.progress)->default_value(c.progress),
+      "(throttle for tests and demos)")("progress", po::value(&sw.progress)->default_value(sw.progress),
                                         "rank 0's progress display: auto | tty "
                                         "(one line rewritten with \\r) | lines (auto: "
                                         "tty on a terminal, lines under mpirun, whose "
@@ -156,7 +190,7 @@ po::options_description training_options(TrainConfig& c, Switches& sw) {
                       "clip the global L2 norm of the averaged gradients to NORM (as torch.nn.utils."
                       "clip_grad_norm_; sharded: the norm of all shards); a non-finite norm skips the step on "
                       "every rank. 0 = off. The norm goes to metrics.jsonl as grad_norm");
-  train.add_options()("shard", po::value(&c.shard)->default_value(c.shard),
+  train.add_options()("shard", po::value(&sw.shard)->default_value(sw.shard),
                       "how much training state is split between ranks (docs/SHARDING.md): none | optimizer "
                       "(ZeRO-1: each rank keeps the optimizer state of its range of every gradient bucket, rows "
                       "of tensors, so a large matrix is split) | gradients (ZeRO-2: and only its range of the "
@@ -165,7 +199,7 @@ po::options_description training_options(TrainConfig& c, Switches& sw) {
                       "chain its top-level children, as an nn.Sequential does). Gradients are reduce-scattered, "
                       "parameters all-gathered. Checkpoints are the same file at every stage and resume at any "
                       "stage on any number of ranks");
-  train.add_options()("shard-optimizer", po::bool_switch(&c.shard_optimizer), "the same as --shard optimizer");
+  train.add_options()("shard-optimizer", po::bool_switch(&sw.shard_optimizer), "the same as --shard optimizer");
   train.add_options()("no-metrics", po::bool_switch(&sw.no_metrics),
                       "do not append to RUN_DIR/metrics.jsonl (docs/METRICS.md)");
   return train;
@@ -185,7 +219,7 @@ po::options_description checkpoint_options(TrainConfig& c, Switches& sw) {
       "is a multiple of M (0 = off)")("async-checkpoint", po::bool_switch(&c.async_checkpoint),
                                       "write periodic checkpoints in the background "
                                       "(training blocks only for a copy to host memory)")(
-      "on-save-error", po::value(&c.on_save_error)->default_value(c.on_save_error),
+      "on-save-error", po::value(&sw.on_save_error)->default_value(sw.on_save_error),
       "stop | continue: a failed periodic save (disk full, I/O error) ends training with an error, or is "
       "reported and retried at the next trigger; the final save and a signal's save always stop")(
       "watchdog-seconds", po::value(&sw.watchdog)->default_value(sw.watchdog),
@@ -196,12 +230,12 @@ po::options_description checkpoint_options(TrainConfig& c, Switches& sw) {
       "verify-replicas", po::bool_switch(&c.verify_replicas),
       "on every save, every rank hashes every tensor in "
       "full and the hashes must agree (default: a sampled comparison; each tensor hashed by the rank writing it)")(
-      "checkpoint-write", po::value(&c.checkpoint_write)->default_value(c.checkpoint_write),
+      "checkpoint-write", po::value(&sw.checkpoint_write)->default_value(sw.checkpoint_write),
       "auto | direct | mpiio: how each rank writes its share of a checkpoint: with O_DIRECT, around the page "
       "cache (no page-cache pages to allocate: a background save takes less CPU from training), or through "
       "MPI-IO and the page cache; auto = direct (falls back to the page cache where the file system refuses "
       "O_DIRECT)")(
-      "load-strategy", po::value(&c.load_strategy)->default_value(c.load_strategy),
+      "load-strategy", po::value(&sw.load_strategy)->default_value(sw.load_strategy),
       "every-rank-reads | share-exchange: how a resume reads the checkpoint: every rank reads every byte, or "
       "each rank reads 1/N and the ranks exchange shares over MPI (fewer file-system reads: for a parallel "
       "file system shared by many nodes); either way every rank verifies every byte it keeps")(
@@ -215,7 +249,7 @@ po::options_description checkpoint_options(TrainConfig& c, Switches& sw) {
       "keep-best", po::bool_switch(&c.keep_best),
       "keep the checkpoint with the best test accuracy (needs --eval-every-steps or --eval-every-epoch; saved "
       "when an evaluation improves on it; RUN_DIR/best names it) beside the newest --keep-last")(
-      "resume", po::value(&c.resume)->default_value(c.resume),
+      "resume", po::value(&sw.resume)->default_value(sw.resume),
       "auto: newest valid checkpoint in --run-dir, "
       "fresh start if none | none | PATH of a checkpoint")(
       "init-from", po::value(&c.init_from),
@@ -233,8 +267,6 @@ void validate_training(const TrainConfig& c) {
   require(c.epochs > 0, "epochs", c.epochs, "must be positive");
   require(c.max_steps >= 0, "max-steps", c.max_steps, "must be >= 0");
   require(c.lr > 0, "lr", c.lr, "must be positive");
-  require(c.optimizer == "adam" || c.optimizer == "adamw" || c.optimizer == "sgd", "optimizer", c.optimizer,
-          "unknown optimizer (adam | adamw | sgd)");
   require(c.momentum >= 0, "momentum", c.momentum, "must be >= 0");
   require(c.weight_decay >= 0, "weight-decay", c.weight_decay, "must be >= 0");
   require(c.lr_schedule == "constant" || c.lr_schedule == "step" || c.lr_schedule == "cosine", "lr-schedule",
@@ -243,11 +275,31 @@ void validate_training(const TrainConfig& c) {
   require(c.threads > 0, "threads", c.threads, "must be positive");
   require(c.device == "auto" || c.device == "cpu" || c.device == "cuda", "device", c.device,
           "must be auto, cpu or cuda");
-  require(c.precision == "fp32" || c.precision == "bf16", "precision", c.precision, "must be fp32 or bf16");
-  require(c.shard == "none" || c.shard == "optimizer" || c.shard == "gradients" || c.shard == "parameters", "shard",
-          c.shard, "must be none, optimizer, gradients or parameters");
-  require(!c.shard_optimizer || c.shard == "none" || c.shard == "optimizer", "shard", c.shard,
+}
+
+// The word-valued options as TrainConfig's enums (an unknown word: ConfigError listing the choices).
+void apply_choices(TrainConfig& c, const Switches& sw) {
+  c.optimizer = choice("optimizer", sw.optimizer, kOptimizers);
+  c.shard = choice("shard", sw.shard, kShards);
+  require(!sw.shard_optimizer || c.shard == ShardOption::kNone || c.shard == ShardOption::kOptimizer, "shard", sw.shard,
           "conflicts with --shard-optimizer (which means --shard optimizer)");
+  if (sw.shard_optimizer) c.shard = ShardOption::kOptimizer;
+  c.checkpoint_write = choice(
+      "checkpoint-write", sw.checkpoint_write,
+      Words<WriteMode>{{"auto", WriteMode::kAuto}, {"direct", WriteMode::kDirect}, {"mpiio", WriteMode::kMpiio}});
+  c.load_strategy = choice("load-strategy", sw.load_strategy,
+                           Words<LoadStrategy>{{"every-rank-reads", LoadStrategy::kEveryRankReads},
+                                               {"share-exchange", LoadStrategy::kShareExchange}});
+  c.continue_on_save_error =
+      choice("on-save-error", sw.on_save_error, Words<bool>{{"stop", false}, {"continue", true}});
+  c.bf16 = choice("precision", sw.precision, Words<bool>{{"fp32", false}, {"bf16", true}});
+  c.progress = choice("progress", sw.progress, kProgressModes);
+  require(!sw.resume.empty(), "resume", sw.resume, "must be auto, none or a checkpoint path");
+  c.resume = sw.resume == "auto" ? ResumeMode::kAuto : sw.resume == "none" ? ResumeMode::kNone : ResumeMode::kPath;
+  if (c.resume == ResumeMode::kPath) c.resume_path = sw.resume;
+  require(c.init_from.empty() || c.resume != ResumeMode::kPath, "init-from", c.init_from,
+          "starts a fresh run from these weights; --resume " + sw.resume +
+              " continues another checkpoint: pass one of the two");
 }
 
 // The checkpointing, schedule and run options in range, and the options that need each other.
@@ -256,10 +308,6 @@ void validate_run(TrainConfig& c, const Switches& sw) {
   require(c.checkpoint_every_seconds >= 0, "checkpoint-every-seconds", c.checkpoint_every_seconds, "must be >= 0");
   require(c.keep_last >= 0, "keep-last", c.keep_last, "must be >= 0");
   require(c.keep_every >= 0, "keep-every", c.keep_every, "must be >= 0");
-  require(c.on_save_error == "stop" || c.on_save_error == "continue", "on-save-error", c.on_save_error,
-          "must be stop | continue");
-  require(c.checkpoint_write == "auto" || c.checkpoint_write == "direct" || c.checkpoint_write == "mpiio",
-          "checkpoint-write", c.checkpoint_write, "must be auto | direct | mpiio");
   for (const auto& h : c.mpiio_hints) {
     try {
       parse_mpiio_hint(h);
@@ -267,8 +315,6 @@ void validate_run(TrainConfig& c, const Switches& sw) {
       require(false, "mpiio-hint", h, "must be key=value (e.g. striping_factor=16)");
     }
   }
-  require(c.load_strategy == "every-rank-reads" || c.load_strategy == "share-exchange", "load-strategy",
-          c.load_strategy, "must be every-rank-reads | share-exchange");
   if (sw.watchdog != "auto") {
     size_t used = 0;
     try {
@@ -287,16 +333,19 @@ void validate_run(TrainConfig& c, const Switches& sw) {
   require(c.grad_accum >= 1, "grad-accum", c.grad_accum, "must be >= 1");
   require(c.grad_clip >= 0 && std::isfinite(c.grad_clip), "grad-clip", c.grad_clip, "must be a number >= 0 (0: off)");
   require(c.context >= 0, "context", c.context, "must be >= 0 (0: the stream's context attribute)");
-  require(!c.resume.empty(), "resume", c.resume, "must be auto, none or a checkpoint path");
-  require(c.init_from.empty() || c.resume == "auto" || c.resume == "none", "init-from", c.init_from,
-          "starts a fresh run from these weights; --resume " + c.resume +
-              " continues another checkpoint: "
-              "pass one of the two");
-  require(c.progress == "auto" || c.progress == "tty" || c.progress == "lines", "progress", c.progress,
-          "must be auto, tty or lines");
 }
 
 }  // namespace
+
+const char* option_word(OptimizerKind v) {
+  return word_of(v, kOptimizers);
+}
+const char* option_word(ShardOption v) {
+  return word_of(v, kShards);
+}
+const char* option_word(ProgressMode v) {
+  return word_of(v, kProgressModes);
+}
 
 ParsedArgs parse_train_args(int argc, const char* const* argv) {
   TrainConfig c;
@@ -337,7 +386,7 @@ ParsedArgs parse_train_args(int argc, const char* const* argv) {
     c.final_checkpoint = !sw.no_final;
     c.metrics = !sw.no_metrics;
     validate_training(c);
-    if (c.shard_optimizer) c.shard = "optimizer";  // one spelling from here on
+    apply_choices(c, sw);
     validate_run(c, sw);
     out.config = c;
   } catch (const po::error& e) {
@@ -367,8 +416,8 @@ void validate_environment(const TrainConfig& c) {
   if (!f || !(f << "x") || !(f.flush())) throw ConfigError("run directory " + c.run_dir + " is not writable");
   f.close();
   fs::remove(probe, ec);
-  if (c.resume != "auto" && c.resume != "none" && !fs::exists(c.resume))
-    throw ConfigError("--resume " + c.resume + ": no such checkpoint");
+  if (c.resume == ResumeMode::kPath && !fs::exists(c.resume_path))
+    throw ConfigError("--resume " + c.resume_path + ": no such checkpoint");
   if (!c.init_from.empty() && !fs::exists(c.init_from))
     throw ConfigError("--init-from " + c.init_from + ": no such checkpoint");
 }

@@ -7,9 +7,21 @@
 #include <string>
 #include <vector>
 
+#include "h5ddp/checkpoint.hpp"
 #include "train/data.hpp"
 
 namespace h5ddp {
+
+// The choices of h5ddp-train's word-valued options, parsed once at the command line (parse_train_args); the rest
+// of the trainer compares enums. lr schedules stay strings: they are the format's /train/lr_scheduler types.
+enum class OptimizerKind { kAdam, kAdamW, kSgd };
+enum class ShardOption { kNone, kOptimizer, kGradients, kParameters };  // --shard: ZeRO stage 0-3
+enum class ResumeMode { kAuto, kNone, kPath };                          // --resume auto | none | PATH
+enum class ProgressMode { kAuto, kTty, kLines };
+// The option's word for a value (for messages): "adamw", "gradients", "lines".
+const char* option_word(OptimizerKind v);
+const char* option_word(ShardOption v);
+const char* option_word(ProgressMode v);
 
 struct ModelSpec {
   std::string name = "cnn";                        // "cnn" | "mlp"
@@ -24,12 +36,12 @@ struct TrainConfig {
   std::string data_file;  // --data: an HDF5 data set (docs/DATA.md) instead of Fashion-MNIST from data_dir
   int64_t context = 0;    // --context: a token stream's window length (0: the stream's attribute)
   int64_t epochs = 1;
-  int64_t max_steps = 0;           // 0 = no limit: stop after `epochs` epochs
-  int64_t batch_size = 120;        // GLOBAL batch over all ranks
-  bool batch_size_set = false;     // given explicitly (a resume otherwise takes the checkpoint's)
-  double lr = 2e-3;                // Adam at 2e-3 reaches 86.8% after one epoch of the default job (README)
-  std::string optimizer = "adam";  // adam | adamw | sgd
-  double momentum = 0.9;           // sgd only
+  int64_t max_steps = 0;        // 0 = no limit: stop after `epochs` epochs
+  int64_t batch_size = 120;     // GLOBAL batch over all ranks
+  bool batch_size_set = false;  // given explicitly (a resume otherwise takes the checkpoint's)
+  double lr = 2e-3;             // Adam at 2e-3 reaches 86.8% after one epoch of the default job (README)
+  OptimizerKind optimizer = OptimizerKind::kAdam;
+  double momentum = 0.9;  // sgd only
   double weight_decay = 0.0;
   std::string lr_schedule = "constant";  // constant | step | cosine
   int64_t lr_step_size = 0;              // step schedule: decay every N steps (0 = once per epoch)
@@ -41,28 +53,28 @@ struct TrainConfig {
   int keep_last = 3;
   int keep_every = 0;
   bool fsync = true;
-  std::string shard = "none";                      // none | optimizer | gradients (ZeRO 0/1/2; DdpOptions::shard)
-  bool shard_optimizer = false;                    // --shard-optimizer: the same as --shard optimizer
-  bool verify_replicas = false;                    // every rank hashes every tensor on save and all hashes must agree
-  std::string checkpoint_write = "auto";           // auto | direct | mpiio (WriteMode)
-  std::string load_strategy = "every-rank-reads";  // every-rank-reads | share-exchange (LoadStrategy)
-  std::vector<std::string> mpiio_hints;            // key=value, repeatable (SaveOptions::mpiio_hints)
-  uint64_t h5_alignment = uint64_t{1} << 20;       // SaveOptions::alignment
-  bool async_checkpoint = false;                   // write checkpoints on a background thread (blocks only for a copy)
-  std::string on_save_error = "stop";              // stop | continue: a failed periodic save ends training, or is
-                                                   // reported and retried at the next trigger (final saves always stop)
+  ShardOption shard = ShardOption::kNone;         // --shard (--shard-optimizer: kOptimizer)
+  bool verify_replicas = false;                   // every rank hashes every tensor on save and all hashes must agree
+  WriteMode checkpoint_write = WriteMode::kAuto;  // --checkpoint-write auto | direct | mpiio
+  LoadStrategy load_strategy = LoadStrategy::kEveryRankReads;  // --load-strategy
+  std::vector<std::string> mpiio_hints;                        // key=value, repeatable (SaveOptions::mpiio_hints)
+  uint64_t h5_alignment = uint64_t{1} << 20;                   // SaveOptions::alignment
+  bool async_checkpoint = false;        // write checkpoints on a background thread (blocks only for a copy)
+  bool continue_on_save_error = false;  // --on-save-error continue: a failed periodic save is reported and retried at
+                                        // the next trigger (stop: it ends training; final saves always stop)
   // MPI_Abort (exit 70) with a message when a step or a save stalls: > 0 a step gets this many seconds and a
   // save 10 times as many; 0 off; kWatchdogAuto (the default) limits from measured step and save times.
   static constexpr double kWatchdogAuto = -1;
   double watchdog_seconds = kWatchdogAuto;
-  std::string resume = "auto";            // auto | none | <checkpoint path>
+  ResumeMode resume = ResumeMode::kAuto;  // --resume auto | none | PATH (resume_path)
+  std::string resume_path;                // --resume PATH
   std::string init_from;                  // weights-only initialisation from a checkpoint
   std::string device = "auto";            // auto | cpu | cuda (h5ddp/device.hpp)
-  std::string precision = "fp32";         // fp32 | bf16 (autocast of forward and loss)
+  bool bf16 = false;                      // --precision bf16: autocast of forward and loss (fp32: off)
   int local_rank = 0, local_size = 1;     // this rank among the ranks of its node (set by main from MpiEnv)
   int threads = 1;                        // torch intra-op threads per rank
   int64_t step_sleep_ms = 0;              // sleep after every step (tests and demos)
-  std::string progress = "auto";          // auto | tty | lines
+  ProgressMode progress = ProgressMode::kAuto;
   int64_t log_every = 0;                  // progress line every N steps when stdout is not a TTY (0 = auto)
   bool evaluate = true;                   // evaluate on the test set at the end
   int64_t eval_every_steps = 0;           // also evaluate (distributed) every N steps during training (0 = off)

@@ -75,13 +75,13 @@ DeviceSetup setup_device(const TrainConfig& config, Comm& comm, torch::nn::Modul
     out.compute.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(choice.index));
     module.to(out.compute.device);
   }
-  out.compute.bf16 = config.precision == "bf16";
+  out.compute.bf16 = config.bf16;
   if (comm.rank() == 0)
     log::root_info("device: " +
                    std::string(choice.cuda
                                    ? "cuda (one GPU per rank; rank 0 on " + choice.describe() + "), gradients over NCCL"
                                    : "cpu, gradients over MPI") +
-                   ", precision " + config.precision);
+                   ", precision " + (config.bf16 ? "bf16" : "fp32"));
   return out;
 }
 

@@ -6,14 +6,9 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "h5ddp/clock.hpp"
+
 namespace h5ddp {
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-}  // namespace
 
 std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "--:--";
@@ -26,15 +21,15 @@ std::string format_duration(double s) {
   return buf;
 }
 
-Progress::Progress(bool enabled, const std::string& mode, int64_t total_steps, int64_t log_every, std::FILE* out)
+Progress::Progress(bool enabled, ProgressMode mode, int64_t total_steps, int64_t log_every, std::FILE* out)
     : enabled_(enabled),
       tty_(enabled && use_tty(mode)),
       total_(total_steps),
       every_(log_every > 0 ? log_every : std::max<int64_t>(1, total_steps / 20)),
       out_(out) {}
 
-bool Progress::use_tty(const std::string& mode) {
-  if (mode != "auto") return mode == "tty";
+bool Progress::use_tty(ProgressMode mode) {
+  if (mode != ProgressMode::kAuto) return mode == ProgressMode::kTty;
   return ::isatty(STDOUT_FILENO) && !std::getenv("OMPI_COMM_WORLD_SIZE");
 }
 

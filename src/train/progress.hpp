@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <string>
 
+#include "train/config.hpp"
+
 namespace h5ddp {
 
 // "mm:ss", "h:mm:ss" from 1 hour on; "--:--" for a negative or non-finite time (no estimate yet).
@@ -15,11 +17,11 @@ std::string format_duration(double seconds);
 class Progress {
  public:
   // Disabled (not rank 0): every call does nothing. mode auto | tty | lines; log_every <= 0: about 20 lines a run.
-  Progress(bool enabled, const std::string& mode, int64_t total_steps, int64_t log_every, std::FILE* out = stdout);
+  Progress(bool enabled, ProgressMode mode, int64_t total_steps, int64_t log_every, std::FILE* out = stdout);
 
   // Open MPI hands its ranks a pseudo-terminal even when mpirun's own output is a pipe or a file, so under
   // mpirun "auto" means lines; --progress tty (e.g. from a launch script that saw a terminal) forces it.
-  static bool use_tty(const std::string& mode);
+  static bool use_tty(ProgressMode mode);
 
   void start(int64_t step);
   // After optimizer step `step` with that step's mean loss over ranks; `last`: the run's last step.

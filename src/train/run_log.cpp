@@ -12,10 +12,6 @@
 namespace h5ddp {
 namespace {
 
-double seconds_since(RunLog::Clock::time_point t) {
-  return std::chrono::duration<double>(RunLog::Clock::now() - t).count();
-}
-
 std::string printf_string(const char* format, ...) __attribute__((format(printf, 1, 2)));
 std::string printf_string(const char* format, ...) {
   char buf[1024];
@@ -117,6 +113,12 @@ void RunLog::error(int64_t step, const std::string& message) {
 }
 
 namespace console {
+namespace {
+// "1 rank", "2 ranks".
+std::string counted(int64_t n, const char* noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+}  // namespace
 
 std::string eval_line(int64_t step, const EvalResult& r, int64_t samples) {
   if (r.perplexity >= 0)
@@ -133,7 +135,7 @@ std::string eval_line(int64_t step, const EvalResult& r, int64_t samples) {
 std::string resumed_line(const std::string& path, int64_t step, int64_t epoch, int64_t position, int saved_world_size,
                          int world_size, bool rng_exact) {
   return "resumed from " + path + " at step " + std::to_string(step) + ", epoch " + std::to_string(epoch + 1) +
-         ", sample " + std::to_string(position) + " (saved at " + std::to_string(saved_world_size) + " ranks, now " +
+         ", sample " + std::to_string(position) + " (saved at " + counted(saved_world_size, "rank") + ", now " +
          std::to_string(world_size) + (rng_exact ? "" : "; ranks beyond the saved world size got derived RNG streams") +
          ")";
 }
@@ -142,7 +144,7 @@ std::string nothing_to_train(const std::string& path, int64_t step, int64_t epoc
                              int64_t epochs) {
   const bool by_steps = max_steps > 0 && step >= max_steps;
   return "note: nothing to train: " + path + " is at step " + std::to_string(step) + " (" +
-         std::to_string(epochs_done) + " epochs complete), already at " +
+         counted(epochs_done, "epoch") + " complete), already at " +
          (by_steps ? "--max-steps " + std::to_string(max_steps) : "--epochs " + std::to_string(epochs)) +
          "; raise --epochs/--max-steps to train further (or start over with --resume none)";
 }
@@ -154,9 +156,10 @@ std::string stopped_line(int64_t step, const std::string& checkpoint, int exit_c
 }
 
 std::string summary(const Summary& s) {
-  std::string text = printf_string("trained to step %lld (%lld of %lld epochs complete) in %.1f s at %d ranks\n",
-                                   static_cast<long long>(s.step), static_cast<long long>(std::min(s.epoch, s.epochs)),
-                                   static_cast<long long>(s.epochs), s.train_seconds, s.world_size);
+  std::string text =
+      printf_string("trained to step %lld (%lld of %s complete) in %.1f s at %s\n", static_cast<long long>(s.step),
+                    static_cast<long long>(std::min(s.epoch, s.epochs)), counted(s.epochs, "epoch").c_str(),
+                    s.train_seconds, counted(s.world_size, "rank").c_str());
   if (s.evaluated && s.eval.perplexity >= 0)
     text += printf_string("test loss %.4f, perplexity %.3f, token accuracy %.2f%% on %lld tokens\n", s.eval.loss,
                           s.eval.perplexity, 100.0 * s.eval.accuracy, static_cast<long long>(s.eval.positions));

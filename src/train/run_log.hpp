@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "h5ddp/clock.hpp"
 #include "train/metrics.hpp"
 
 namespace h5ddp {
@@ -33,7 +34,7 @@ struct SaveRecord {
 // Rank 0's metrics.jsonl records. A disabled log (other ranks, --no-metrics) keeps the bookkeeping only.
 class RunLog {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = h5ddp::Clock;
   // `interval`: steps per "train" record (the mean loss over the interval).
   RunLog(const std::string& run_dir, bool enabled) : log_(run_dir, enabled) {}
 

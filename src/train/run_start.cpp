@@ -1,5 +1,6 @@
 #include "train/run_start.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -22,17 +23,23 @@ std::map<std::string, std::string> read_checkpoint_meta(const std::string& path)
   }
 }
 
+constexpr const char* kOtherModelRemedy =
+    "to continue that run, start it with the model that wrote the checkpoint (h5ddp-ckpt info FILE names it in "
+    "/meta); to train this model, give it another --run-dir, or --resume none to start over in this one";
+
 // Collective. The mismatch a resume raised, with which model the refused file holds (from its /meta) and what to
 // do; thrown on every rank.
 [[noreturn]] void throw_with_model_named(const CheckpointMismatchError& e, Comm& comm, const TrainModel& model) {
   std::string holds;  // e.file(): the file the resume refused, set by the Checkpointer on every rank
   if (comm.rank() == 0 && !e.file().empty()) holds = model_identity_difference(read_checkpoint_meta(e.file()), model);
   holds = comm.broadcast_string(holds, 0);  // every rank, whatever rank 0 found
+  // The verdict and the remedy first, the per-tensor details (which can be many lines) after them.
+  const std::string what = e.what();
+  const size_t first_line = std::min(what.find('\n'), what.size());
   CheckpointMismatchError more(Error::Untagged{},
-                               std::string(e.what()) + "\n  " +
-                                   (holds.empty() ? "this run's model: " + model.description : holds) +
-                                   "; resume with the model that wrote the checkpoint (h5ddp-ckpt info FILE names "
-                                   "it in /meta) or train the new model in another --run-dir");
+                               what.substr(0, first_line) + "\n  " +
+                                   (holds.empty() ? "this run's model: " + model.description : holds) + "\n  " +
+                                   kOtherModelRemedy + what.substr(first_line));
   more.set_file(e.file());
   if (!e.agreed()) throw more;
   throw_agreed(more);  // every rank raised it
@@ -66,7 +73,7 @@ void check_init_from(const TrainConfig& config, Checkpointer& ckpt, Comm& comm, 
 void accept_resume(const TrainConfig& config, Checkpointer& ckpt, Comm& comm, const TrainModel& model,
                    const ResumeInfo& info) {
   const std::string other = model_identity_difference(info.meta, model);
-  comm.raise_if_any(other.empty() ? "" : "cannot resume from " + info.path + ": " + other);
+  comm.raise_if_any(other.empty() ? "" : "cannot resume from " + info.path + ": " + other + "\n  " + kOtherModelRemedy);
   check_init_from(config, ckpt, comm, info);
   DataState& data = ckpt.data();
   if (config.batch_size_set && config.batch_size != data.global_batch) {
@@ -107,16 +114,16 @@ RunStart start_run(const TrainConfig& config, Checkpointer& ckpt, Comm& comm, co
   RunStart start;
   const auto load_start = std::chrono::steady_clock::now();
   try {
-    if (config.resume == "auto")
+    if (config.resume == ResumeMode::kAuto)
       start.info = ckpt.resume();
-    else if (config.resume != "none")
-      start.info = ckpt.resume_from(config.resume);
+    else if (config.resume == ResumeMode::kPath)
+      start.info = ckpt.resume_from(config.resume_path);
   } catch (const CheckpointMismatchError& e) {
     throw_with_model_named(e, comm, model);
   }
   start.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   // A later --resume auto takes the highest step in the run dir: say which files of an older run would shadow.
-  if (config.resume == "none") warn_of_checkpoints_in_fresh_run_dir(comm, config.run_dir);
+  if (config.resume == ResumeMode::kNone) warn_of_checkpoints_in_fresh_run_dir(comm, config.run_dir);
   if (start.info.resumed) {
     accept_resume(config, ckpt, comm, model, start.info);
   } else if (!config.init_from.empty()) {

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "h5ddp/checkpointer.hpp"
+#include "h5ddp/clock.hpp"
 #include "h5ddp/ddp.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/log.hpp"
@@ -36,12 +37,6 @@
 
 namespace h5ddp {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 SaveRecord save_record(const SaveStats& s) {
   return SaveRecord{s.step, s.path, s.async, s.blocked_seconds, s.seconds, s.bytes};
@@ -68,18 +63,21 @@ class Trainer {
     try {
       agreed(comm_, [&] {  // what needs no I/O, agreed before anything else happens
         // The global batch the run will use: the checkpoint's, unless --batch-size is given (or nothing resumes).
-        if (config_.batch_size_set || config_.resume == "none") check_global_batch(config_.batch_size, comm_.size());
+        if (config_.batch_size_set || config_.resume == ResumeMode::kNone)
+          check_global_batch(config_.batch_size, comm_.size());
         validate_environment(config_);
       });
       torch::set_num_threads(config_.threads);
-      if (config_.shard != "none") {
+      if (config_.shard != ShardOption::kNone) {
 #if defined(__GLIBC__)
         // Sharded stages exist to save memory, and they allocate and free a layer's gradient (ZeRO-2, 3) and weights
         // (ZeRO-3) every step. Above 1 MiB glibc then maps and unmaps, so freed memory goes back to the system
         // instead of staying resident in the heap (its dynamic threshold would rise to 32 MiB): peak RSS per rank
-        // 1132 -> 913 MiB (ZeRO-3) and 1388 -> 1209 MiB (ZeRO-2) in docs/BENCHMARKS.md's 130 M-parameter run.
+        // 1132 -> 913 MiB (ZeRO-3) and 1388 -> 1255 MiB (ZeRO-2) in docs/BENCHMARKS.md's 130 M-parameter run.
         mallopt(M_MMAP_THRESHOLD, 1 << 20);
 #endif
+      } else {
+        keep_freed_memory_in_heap();  // evaluations free their activations every batch
       }
       load_data();
       build_model();
@@ -117,7 +115,8 @@ class Trainer {
     compute_ = device.compute;
     device_comm_ = std::move(device.device_comm);
     check_data_fits_model(model_, *train_set_, test_set_.get(), compute_, config_.keep_best, comm_);
-    if (config_.shard == "parameters")  // ZeRO-3: every forward runs the model's units through DDP, which gathers
+    if (config_.shard ==
+        ShardOption::kParameters)  // ZeRO-3: every forward runs the model's units through DDP, which gathers
       agreed(comm_, [&] {
         model_.set_unit_runner([this](const std::string& unit, const std::function<torch::Tensor()>& forward) {
           const auto& units = ddp_->unit_names();
@@ -128,7 +127,7 @@ class Trainer {
                                                      ddp_options(config_, compute_, device_comm_.get()));
     // After the move to the device (state there); sharded: over this rank's parameters only.
     const auto make = [&](std::vector<torch::Tensor> p) { return make_optimizer(config_, std::move(p)); };
-    if (config_.shard != "none") {
+    if (config_.shard != ShardOption::kNone) {
       sharded_ = std::make_unique<ShardedOptimizer>(*ddp_, make);
       ckpt_ = std::make_unique<Checkpointer>(comm_, *model_.module, *sharded_, checkpointer_options(config_));
     } else {
@@ -137,8 +136,13 @@ class Trainer {
     }
     seed_rank_rng(config_.seed, comm_.rank());
     if (root_) log::root_info("model: " + model_.description);
-    if (sharded_) log_shards();
+    if (sharded_ && comm_.size() == 1 && root_)
+      log::root_info(std::string("note: --shard ") + option_word(config_.shard) +
+                     " at 1 rank splits nothing (the one rank holds every range) and saves no memory; its "
+                     "checkpoints resume under any --shard at any rank count");
+    if (sharded_ && comm_.size() > 1) log_shards();
     for (const auto& [key, value] : model_.meta) ckpt_->set_meta(key, value);
+    if (!config_.data_file.empty()) ckpt_->set_meta("data_file", config_.data_file);  // h5ddp-ckpt eval's default
     ckpt_->data().seed = config_.seed;
     ckpt_->data().global_batch = config_.batch_size;
   }
@@ -154,8 +158,8 @@ class Trainer {
     int64_t total = 0;
     for (int64_t n : all) list += (list.empty() ? "" : ", ") + std::to_string(n), total += n;
     const auto [lo, hi] = std::minmax_element(all.begin(), all.end());
-    log::root_info("shard: " + config_.shard + "; parameter elements whose optimizer state each rank holds: " + list +
-                   " (largest " +
+    log::root_info(std::string("shard: ") + option_word(config_.shard) +
+                   "; parameter elements whose optimizer state each rank holds: " + list + " (largest " +
                    std::to_string(static_cast<double>(*hi) * comm_.size() / std::max<int64_t>(1, total)) +
                    " x the even share, smallest " + std::to_string(*lo) + ")");
   }
@@ -345,14 +349,21 @@ class Trainer {
     return r;
   }
 
-  // Collective. A distributed evaluation during training: in the metrics log, on the console and in the next
-  // checkpoint's meta.
-  EvalResult evaluate_now() {
+  // Collective. evaluate(), named in the next checkpoint's meta and remembered with its step.
+  EvalResult evaluate_for_meta() {
     const EvalResult r = evaluate();
     char acc[32];
     std::snprintf(acc, sizeof acc, "%.6f", r.accuracy);
     ckpt_->set_meta("eval_accuracy", acc);
     ckpt_->set_meta("eval_step", std::to_string(ckpt_->step()));
+    last_eval_ = {ckpt_->step(), r};
+    return r;
+  }
+
+  // Collective. A distributed evaluation during training: in the metrics log, on the console and in the next
+  // checkpoint's meta.
+  EvalResult evaluate_now() {
+    const EvalResult r = evaluate_for_meta();
     log_.eval(ckpt_->step(), ckpt_->data().epoch, r);
     if (root_) {
       progress_->end_line();
@@ -376,7 +387,16 @@ class Trainer {
   }
 
   // Collective. The background save in flight, the final save, the evaluation, the summary.
+  // The final evaluation comes before the final save, so that checkpoint's meta names it; a periodic evaluation
+  // at this very step is not repeated.
   void finish() {
+    std::optional<EvalResult> final_eval;
+    if (config_.evaluate) {
+      ddp_->sync_buffers();
+      final_eval = last_eval_ && last_eval_->first == ckpt_->step() ? last_eval_->second : evaluate_for_meta();
+      result_.test_accuracy = final_eval->accuracy;
+      result_.test_loss = final_eval->loss;
+    }
     {
       ddp_->sync_buffers();
       auto guard =
@@ -386,12 +406,6 @@ class Trainer {
     }
     result_.last_checkpoint = ckpt_->last_checkpoint();
     log_.save(save_record(ckpt_->last_save()));
-    std::optional<EvalResult> final_eval;
-    if (config_.evaluate) {
-      final_eval = evaluate();
-      result_.test_accuracy = final_eval->accuracy;
-      result_.test_loss = final_eval->loss;
-    }
     log_.end(ckpt_->step(), ckpt_->data().epoch, result_.train_seconds, final_eval ? &*final_eval : nullptr);
     if (root_) print_summary(final_eval);
   }
@@ -436,6 +450,7 @@ class Trainer {
   std::optional<double> grad_norm_;  // --grad-clip: the last step's agreed total norm (NaN: that step was skipped)
   int64_t skipped_steps_ = 0;        // steps skipped for a non-finite gradient norm by this process
   ResumeInfo info_;                  // what the resume found (resumed false: a fresh start)
+  std::optional<std::pair<int64_t, EvalResult>> last_eval_;  // the step and result of the newest evaluation
 };
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/run_dir.hpp"
 #include "h5ddp_test/checkpoint_fixture.hpp"
 #include "h5ddp_test/test_util.hpp"
 
@@ -86,7 +87,7 @@ TEST(AsyncCheckpoint, BuffersReusedAndOneSaveInFlight) {
   OwnedState src(3, comm.rank());
   AsyncCheckpointer async(comm);
   SaveOptions so;
-  so.keep_last = 0;
+  so.retention.keep_last = 0;
   for (int i = 0; i < 4; ++i) {
     src.state.counters.step = 10 + i;
     async.start(src.state, dir, so);  // waits for the previous one: never two in flight
@@ -113,9 +114,10 @@ TEST(AsyncCheckpoint, BuffersReusedAndOneSaveInFlight) {
       EXPECT_EQ(e.path().string().find(".partial"), std::string::npos) << e.path();
   }
   comm.barrier();
-  auto found = find_resume_checkpoint(comm, dir);
-  ASSERT_TRUE(found.has_value());
-  EXPECT_EQ(fs::path(*found).filename().string(), "ckpt-00000013.h5");
+  const ResumeCandidates found = RunDir(dir).resume_candidates(comm);  // the newest first
+  ASSERT_FALSE(found.paths.empty());
+  EXPECT_EQ(fs::path(found.paths.front()).filename().string(), "ckpt-00000013.h5");
+  EXPECT_TRUE(verify_checkpoint_collective(comm, found.paths.front()).empty());
   if (comm.rank() == 0) fs::remove_all(dir);
 }
 

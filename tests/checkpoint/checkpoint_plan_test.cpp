@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <map>
 
-#include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/errors.hpp"
+#include "checkpoint/hash.hpp"
+#include "checkpoint/plan.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
 

@@ -12,10 +12,11 @@
 #include <fstream>
 #include <list>
 
-#include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/reader.hpp"
 #include "h5/h5.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
+#include "h5ddp/run_dir.hpp"
 #include "h5ddp_test/checkpoint_fixture.hpp"
 #include "h5ddp_test/corrupt_dataset.hpp"
 #include "h5ddp_test/test_util.hpp"
@@ -494,8 +495,8 @@ TEST(Checkpoint, RetentionKeepsLastKAndEveryM) {
   const std::string dir = test::scratch_dir("retention");
   SaveOptions opt;
   opt.fsync = false;
-  opt.keep_last = 2;
-  opt.keep_every = 3;
+  opt.retention.keep_last = 2;
+  opt.retention.keep_every = 3;
   for (int step = 1; step <= 7; ++step) {
     OwnedState s(7, world.rank());
     s.state.counters.step = step;
@@ -524,25 +525,34 @@ std::vector<std::string> save_steps(const std::string& dir, const std::vector<in
   return paths;
 }
 
+// Collective. The newest checkpoint of dir that verifies in full (resume_newest with a full verification as its
+// attempt; checksums shared among ranks); std::nullopt when there is none.
+std::optional<std::string> newest_valid(MpiComm& world, const std::string& dir) {
+  return resume_newest(world, dir, [&](const std::string& path) {
+    const std::vector<std::string> problems = verify_checkpoint_collective(world, path);  // the same on every rank
+    if (!problems.empty()) throw CheckpointError(problems.front());
+  });
+}
+
 TEST(Checkpoint, ResumeFallsBackWhenLatestIsMissingOrCorrupt) {
   auto& world = test::world();
   const std::string dir = test::scratch_dir("resume");
-  EXPECT_EQ(find_resume_checkpoint(world, dir), std::nullopt);  // fresh run
+  EXPECT_EQ(newest_valid(world, dir), std::nullopt);  // fresh run
   const std::vector<std::string> paths = save_steps(dir, {10, 20, 30});
-  EXPECT_EQ(find_resume_checkpoint(world, dir), paths[2]);
+  EXPECT_EQ(newest_valid(world, dir), paths[2]);
   test::corrupt_dataset(paths[2], "/model/conv1.weight");
   if (world.rank() == 0) {
     fs::remove(paths[1]);                                        // an older one is gone too
     std::ofstream(dir + "/ckpt-00000040.h5.partial") << "torn";  // never a checkpoint
   }
   world.barrier();
-  EXPECT_EQ(find_resume_checkpoint(world, dir), paths[0]);
+  EXPECT_EQ(newest_valid(world, dir), paths[0]);
   if (world.rank() == 0) {
     fs::remove(paths[2]);  // latest names a missing file now
     std::ofstream(paths[1]) << "not hdf5";
   }
   world.barrier();
-  EXPECT_EQ(find_resume_checkpoint(world, dir), paths[0]);
+  EXPECT_EQ(newest_valid(world, dir), paths[0]);
   world.barrier();
 }
 
@@ -557,17 +567,17 @@ TEST(Checkpoint, ResumeTakesTheHighestStepWhateverLatestSays) {
     world.barrier();
   };
   set_latest("ckpt-00000020.h5\n");  // as after a kill between the rename of ckpt-30 and the move of latest
-  ResumeCandidates c = list_resume_candidates(world, dir);
+  ResumeCandidates c = RunDir(dir).resume_candidates(world);
   EXPECT_EQ(c.paths, (std::vector<std::string>{paths[2], paths[1], paths[0]}));
   EXPECT_EQ(c.latest_index, 1);
-  EXPECT_EQ(find_resume_checkpoint(world, dir), paths[2]);
+  EXPECT_EQ(newest_valid(world, dir), paths[2]);
   // A damaged newest file falls back to the next one down.
   test::corrupt_dataset(paths[2], "/model/conv1.weight");
-  EXPECT_EQ(find_resume_checkpoint(world, dir), paths[1]);
+  EXPECT_EQ(newest_valid(world, dir), paths[1]);
   // `latest` naming a partial file (never written by h5ddp; garbage) is ignored, never tried.
   if (world.rank() == 0) fs::copy_file(paths[1], paths[1] + ".partial");
   set_latest("ckpt-00000020.h5.partial\n");
-  c = list_resume_candidates(world, dir);
+  c = RunDir(dir).resume_candidates(world);
   EXPECT_EQ(c.latest_index, -1);
   EXPECT_EQ(c.paths, (std::vector<std::string>{paths[2], paths[1], paths[0]}));
   // A file whose name carries no step (SaveOptions::name) comes first when `latest` names it.
@@ -579,7 +589,7 @@ TEST(Checkpoint, ResumeTakesTheHighestStepWhateverLatestSays) {
     s.state.counters.step = 5;
     save_checkpoint(world, s.state, dir, opt);
   }
-  c = list_resume_candidates(world, dir);
+  c = RunDir(dir).resume_candidates(world);
   EXPECT_EQ(c.latest_index, 0);
   ASSERT_EQ(c.paths.size(), 4u);
   EXPECT_EQ(c.paths[0], dir + "/final.h5");

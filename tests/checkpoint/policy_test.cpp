@@ -138,6 +138,16 @@ TEST(KeepPolicy, LastKNewestByStepWhateverTheInputOrder) {
   EXPECT_TRUE(p.files_to_delete({}).empty());
 }
 
+TEST(KeepPolicy, LastIsKeepLastAlone) {  // CheckpointerOptions::retention's default is KeepPolicy::last(3)
+  const KeepPolicy p = KeepPolicy::last(3);
+  EXPECT_EQ(p.keep_last, 3);
+  EXPECT_EQ(p.keep_every, 0);
+  EXPECT_TRUE(p.keep_files.empty());
+  EXPECT_EQ(p.keep_best, 0);
+  EXPECT_FALSE(p.needs_values());
+  EXPECT_EQ(p.files_to_delete(entries({10, 50, 20, 40, 30})), names({20, 10}));
+}
+
 TEST(KeepPolicy, EveryMKeepsMultiplesOnly) {
   KeepPolicy p;
   p.keep_last = 1;

@@ -8,7 +8,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/hash.hpp"
+#include "checkpoint/pieces.hpp"
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp_test/checkpoint_fixture.hpp"

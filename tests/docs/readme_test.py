@@ -35,6 +35,14 @@ RUN = {
     "H5DDP_NP=4 H5DDP_RUN_DIR=runs/exp1 jobs/train-local.sh --epochs 3 --checkpoint-every-steps 200":
         {"H5DDP_TRAIN_ARGS": "--max-steps 6 --batch-size 16 --no-eval"},
     "build/tools/h5ddp-train --help": {},
+    "jobs/train-local.sh --resume none --run-dir runs/fresh": {"H5DDP_TRAIN_ARGS": "--max-steps 3 --no-eval"},
+    "printf 'run-dir = runs/cfg\\nmodel = mlp\\n' > my.cfg && jobs/train-local.sh --config my.cfg":
+        {"H5DDP_TRAIN_ARGS": "--max-steps 3 --no-eval"},
+    "(cd runs && ../jobs/train-local.sh --run-dir from-runs)": {"H5DDP_TRAIN_ARGS": "--max-steps 3 --no-eval"},
+    # Stopping: run with Ctrl-C (the process group's SIGINT) by ctrl_c(); each step sleeps so that a signal lands
+    # well inside a step and a second one 3.5 s later comes before the save.
+    "jobs/train-local.sh --run-dir runs/stop": {"H5DDP_TRAIN_ARGS": "--model mlp --mlp-hidden 16 --max-steps 1000 "
+                                                "--step-sleep-ms 8000 --progress lines --log-every 1 --no-eval"},
     "/usr/bin/python3 -c 'import torch, mymodel; torch.jit.script(mymodel.Net()).save(\"net.pt\")'": {},
     "/usr/bin/python3 tools/h5ddp-data.py npz cifar.npz --channels-last --compute-stats -o cifar.h5": {},
     "H5DDP_NP=4 H5DDP_RUN_DIR=runs/cifar jobs/train-local.sh --model-file net.pt --data cifar.h5 --epochs 10": {},
@@ -42,7 +50,7 @@ RUN = {
     "H5DDP_RUN_DIR=runs/metrics jobs/train-local.sh --eval-every-steps 100 --keep-best --checkpoint-every-steps 100":
         {"H5DDP_TRAIN_ARGS": "--max-steps 100"},
     "tools/plot_run.py runs/metrics": {},
-    "h5dump -H runs/default/ckpt-00000500.h5": {},
+    "h5dump -A runs/default/ckpt-00000500.h5": {},
     "build/tools/h5ddp-ckpt info runs/default/ckpt-00000500.h5": {},
     "build/tools/h5ddp-ckpt verify runs/default/*.h5": {},
     "build/tools/h5ddp-ckpt diff runs/default/ckpt-00000500.h5 runs/exp1/$(cat runs/exp1/latest)": {},
@@ -51,6 +59,7 @@ RUN = {
     "build/tools/h5ddp-ckpt import model.pt --to init.h5 --model cnn": {},
     "H5DDP_RUN_DIR=runs/finetune jobs/train-local.sh --init-from init.h5": {"H5DDP_TRAIN_ARGS": "--max-steps 3 --no-eval"},
     "build/tools/h5ddp-ckpt eval runs/default/ckpt-00000500.h5": {},
+    "build/tools/h5ddp-ckpt eval runs/gpt/latest": {},
     # "Train a small GPT": both trainings shortened (the second resumes the first at 4 ranks, as after a preemption)
     "/usr/bin/python3 tools/h5ddp-data.py text /usr/share/games/fortunes --context 64 -o fortunes.h5": {},
     "/usr/bin/python3 tools/examples/gpt.py script -o gpt.pt --context 64 --layers 2 --heads 4 --dim 64": {},
@@ -154,6 +163,9 @@ def main():
                 print(f"skipped: {cmd} ({SKIP[cmd]})")
                 continue
             actual = cmd.replace("tools/setup.sh && ", "").replace("ckpt-00000500.h5", default_ckpt)
+            if cmd in CTRL_C:
+                ctrl_c(actual, user, dict(env, **RUN[cmd]))
+                continue
             rc, out = run(actual, user, dict(env, **RUN[cmd]))
             print(f"$ {actual}  -> {rc}\n" + "\n".join("    " + ln for ln in out.splitlines()[-6:]))
             if rc != EXIT.get(cmd, 0):
@@ -166,6 +178,55 @@ def main():
             shutil.rmtree(user, ignore_errors=True)
         else:
             print(f"files kept in {user}")
+
+
+CTRL_C = {"jobs/train-local.sh --run-dir runs/stop"}
+
+
+def ctrl_c(cmd, user, env):
+    """TRAINING.md "Stopping", as a user at a terminal does it: Ctrl-C (SIGINT to the foreground process group)
+    once: every rank saves, exit 75; the same command again resumes; Ctrl-C twice 3.5 s apart: stops without
+    saving, exit 130 (TRAINING.md "Exit codes")."""
+    import signal
+    import time
+
+    def attempt(second_signal):
+        p = subprocess.Popen(["bash", "-c", cmd], cwd=user, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)
+        out = []
+        try:
+            deadline = time.time() + LIMIT
+            for line in p.stdout:  # the step lines come at step boundaries: signal just after one
+                out.append(line)
+                if line.startswith("step ") or "step 1/" in line:
+                    break
+                if time.time() > deadline:
+                    fail("no step line from " + cmd + ":\n" + "".join(out))
+            time.sleep(0.5)
+            os.killpg(p.pid, signal.SIGINT)
+            if second_signal:
+                time.sleep(3.5)
+                os.killpg(p.pid, signal.SIGINT)
+            rest, _ = p.communicate(timeout=LIMIT)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        return p.returncode, "".join(out) + rest
+
+    stop_dir = os.path.join(user, "runs", "stop")
+    rc, out = attempt(False)
+    print(f"$ {cmd}  + Ctrl-C -> {rc}")
+    if rc != 75 or "checkpoint saved in runs/stop" not in out:
+        fail(f"Ctrl-C once: expected a save and exit 75 (TRAINING.md), got {rc}:\n{out}")
+    saved = sorted(f for f in os.listdir(stop_dir) if f.endswith(".h5"))
+    rc, out = attempt(True)
+    print(f"$ {cmd}  + Ctrl-C, Ctrl-C -> {rc}")
+    if "resumed from" not in out:
+        fail(f"the same command did not resume the run:\n{out}")
+    if rc != 130 or "stopping without saving" not in out:
+        fail(f"Ctrl-C twice: expected a stop without saving, exit 130 (TRAINING.md), got {rc}:\n{out}")
+    if sorted(f for f in os.listdir(stop_dir) if f.endswith(".h5")) != saved:
+        fail("Ctrl-C twice saved a checkpoint")
 
 
 def shlex_quote(s):
@@ -188,6 +249,13 @@ def check(cmd, out, user, env):
         rc, again = run(hint, user, env)
         if rc != 0 or "nothing to train" not in again:
             fail(f"the printed resume command did not continue the run (exit {rc}):\n{again}")
+    elif cmd.startswith("jobs/train-local.sh --resume none") or "--config my.cfg" in cmd or "from-runs" in cmd:
+        run_dir = {"--config": "runs/cfg", "from-runs": "runs/from-runs"}
+        run_dir = next((d for k, d in run_dir.items() if k in cmd), "runs/fresh")
+        if not os.path.isfile(os.path.join(user, run_dir, "ckpt-00000003.h5")):
+            fail(f"'{cmd}' did not train into {run_dir}:\n{out}")
+        if "--config" in cmd and ("--config my.cfg" not in out or "model: mlp" not in out):
+            fail(f"the config file was not used, or the resume line lacks it:\n{out}")
     elif "--eval-every-steps 100" in cmd:
         if not re.search(r"eval at step 100: test accuracy [\d.]+%", out):
             fail(f"--eval-every-steps printed nothing on the console:\n{out}")
@@ -198,6 +266,9 @@ def check(cmd, out, user, env):
     elif "--init-from init.h5" in cmd:
         if "initialised the weights from init.h5" not in out:
             fail(f"--init-from did not start from init.h5:\n{out}")
+    elif cmd == "build/tools/h5ddp-ckpt eval runs/gpt/latest":
+        if "pointer file" not in out or "fortunes.h5 /test (the run's --data" not in out or "perplexity" not in out:
+            fail(f"eval of runs/gpt/latest did not follow the pointer to the file and score the run's --data:\n{out}")
     elif cmd.startswith("build/tools/h5ddp-ckpt eval"):
         if not re.search(r"images 10000 ", out):
             fail(f"eval did not score the 10k test images it says:\n{out}")

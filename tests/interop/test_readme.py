@@ -1,5 +1,5 @@
 """The "## Inspecting checkpoints" section of docs/CHECKPOINTS.md (moved there from the README) keeps working: its
-h5py snippet and its torch.load snippet run against a real checkpoint (paths substituted), and h5dump -H reads
+h5py snippet and its torch.load snippet run against a real checkpoint (paths substituted), and h5dump -A reads
 the file."""
 import os
 import re
@@ -57,9 +57,10 @@ def main():
         out = run_python(cnn + "\n" + tl, w())
         assert "step 3 epoch 0 cnn" in out, out
 
-        assert f"h5dump -H {DOC_CKPT}" in text
-        p = ic.run(["h5dump", "-H", ckpt], echo_stdout=False)
+        assert f"h5dump -A {DOC_CKPT}" in text
+        p = ic.run(["h5dump", "-A", ckpt], echo_stdout=False)
         assert 'DATASET "fc2.weight"' in p.stdout and 'ATTRIBUTE "xxh3"' in p.stdout
+        assert re.search(r'ATTRIBUTE "step".*?\(0\): \d+', p.stdout, re.S), "h5dump -A shows no attribute values"
     print("PASS")
 
 

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <functional>
 
-#include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/reader.hpp"
 #include "h5/h5.hpp"
 #include "h5ddp/bucketing.hpp"
 #include "h5ddp/error.hpp"
@@ -294,7 +294,7 @@ TEST(Checkpointer, AsyncSavesAreCommittedByFinish) {
   CheckpointerOptions o;
   o.async = true;
   o.every_steps = 2;
-  o.keep_last = 2;
+  o.retention.keep_last = 2;
   Trained s(dir, "adam", o);
   s.train(5);
   const SaveResult r = s.ckpt->finish();

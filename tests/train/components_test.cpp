@@ -55,7 +55,7 @@ TEST(Progress, FormatsDurations) {
 
 TEST(Progress, LinesEveryNStepsAndTheLastWithTheIntervalsMeanLoss) {
   Captured out;
-  Progress p(true, "lines", 10, 4, out.f);
+  Progress p(true, ProgressMode::kLines, 10, 4, out.f);
   p.start(0);
   for (int s = 1; s <= 10; ++s) p.update(s, 0, 1, s <= 4 ? 1.0 : 3.0, 8, s == 10);
   const std::string text = out.text();
@@ -68,13 +68,13 @@ TEST(Progress, LinesEveryNStepsAndTheLastWithTheIntervalsMeanLoss) {
 
 TEST(Progress, TtyRewritesOneLineAndDisabledPrintsNothing) {
   Captured tty;
-  Progress p(true, "tty", 3, 0, tty.f);
+  Progress p(true, ProgressMode::kTty, 3, 0, tty.f);
   p.start(0);
   for (int s = 1; s <= 3; ++s) p.update(s, 0, 2, 0.5, 8, s == 3);
   EXPECT_EQ(tty.text().front(), '\r');
   EXPECT_EQ(count(tty.text(), "\n"), 1) << tty.text();  // only after the last step
   Captured off;
-  Progress q(false, "lines", 3, 1, off.f);
+  Progress q(false, ProgressMode::kLines, 3, 1, off.f);
   q.start(0);
   q.update(1, 0, 1, 0.5, 8, true);
   q.end_line();

@@ -20,6 +20,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "support"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))  # h5ddp_torch (its sampler, case 7)
 
 import h5ddp_test as ht  # noqa: E402
 
@@ -55,7 +56,7 @@ def train(run_dir, *extra, batch=64, env=None, expect_rc=0, timeout=LAUNCH):
 
 def trained_line(r):
     """(step, epochs complete) from 'trained to step N (E of M epochs complete)'."""
-    m = re.search(r"trained to step (\d+) \((\d+) of (\d+) epochs complete\)", r.text)
+    m = re.search(r"trained to step (\d+) \((\d+) of (\d+) epochs? complete\)", r.text)
     ht.check(m, f"no 'trained to step' line: {r}")
     return int(m.group(1)), int(m.group(2))
 
@@ -386,39 +387,13 @@ def test_retention_default_keep_last():
 
 
 # ---- 7. resume with another global batch -------------------------------------------------------------------------
-MASK = (1 << 64) - 1
-
-
-class SplitMix64:
-    """src/train/sampler.cpp's generator, written again from its definition."""
-
-    def __init__(self, seed):
-        self.state = seed & MASK
-
-    def next(self):
-        self.state = (self.state + 0x9E3779B97F4A7C15) & MASK
-        z = self.state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-        return z ^ (z >> 31)
-
-    def below(self, bound):
-        limit = MASK - MASK % bound
-        while True:
-            x = self.next()
-            if x < limit:
-                return x % bound
-
-
 def permutation(n, seed, epoch):
-    g = SplitMix64(seed ^ ((epoch * 0xD1B54A32D192ED03 + 0x8CB92BA72F3D8DD7) & MASK))
-    g.next()
-    g = SplitMix64(g.next())
-    p = list(range(n))
-    for i in range(n - 1, 0, -1):
-        j = g.below(i + 1)
-        p[i], p[j] = p[j], p[i]
-    return p
+    """Epoch `epoch`'s order of the n samples as h5ddp-train visits them (src/torch/sampler.cpp's
+    shuffled_indices, include/h5ddp/splitmix.hpp's generator), from the package's Python sampler: the one
+    implementation outside C++, python/h5ddp_torch/sampler.py, equal to it bit for bit (tests/python/test_sampler.py,
+    test_cross_resume.py). Imported here, not at the top: the package imports torch, which only this case needs."""
+    from h5ddp_torch.sampler import shuffled_indices
+    return shuffled_indices(n, seed, epoch)
 
 
 _DATA = {}
@@ -468,7 +443,7 @@ def resume_with_other_batch(saved_steps, new_batch, tag):
     not a multiple of it):
       - the warning and 'resumed from ... sample P' are printed;
       - the first resumed step trains on exactly samples perm[P, P + new_batch) of epoch 0 (recomputed in
-        numpy from the checkpoint's weights with the sampler rewritten in Python; positions one sample
+        numpy from the checkpoint's weights with h5ddp_torch's sampler; positions one sample
         off, rounded to a multiple of the new batch, or the old batch size, must not match);
       - the epoch is completed: floor((60000 - P) / new_batch) more steps, '1 of 1 epochs complete', epoch 1
         and position 0 in the final checkpoint, samples_consumed = P + steps * new_batch;

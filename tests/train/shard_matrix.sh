@@ -63,7 +63,7 @@ chain() {  # chain DIR STAGE_OVERRIDE: the legs into DIR; STAGE_OVERRIDE (e.g. n
     run_train "$np" "$dir.$steps.log" "${base[@]}" --shard "$stage" --max-steps $steps --run-dir "$dir" ||
       { cat "$dir.$steps.log"; fail "leg to step $steps at $np ranks under --shard $stage failed"; }
     if [ -n "$prev" ]; then
-      grep -q "resumed from .*ckpt-$(printf %08d $prev).h5 at step $prev,.*saved at $prev_np ranks, now $np" "$dir.$steps.log" ||
+      grep -q "resumed from .*ckpt-$(printf %08d $prev).h5 at step $prev,.*saved at $prev_np ranks\?, now $np" "$dir.$steps.log" ||
         { cat "$dir.$steps.log"; fail "leg at $np ranks ($stage) did not resume step $prev saved at $prev_np ranks"; }
     fi
     echo "leg: step $prev -> $steps at $np ranks under --shard $stage"

@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
     State s(o);
     h5ddp::SaveOptions so;
     so.fsync = o.fsync;
-    so.keep_last = 2;
+    so.retention.keep_last = 2;
     auto agree = [&] {
       double x = 1;
       comm->allreduce(&x, 1, h5ddp::DType::kF64, h5ddp::ReduceOp::kSum);

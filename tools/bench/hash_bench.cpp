@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/hash.hpp"
 
 using namespace h5ddp;
 using Clock = std::chrono::steady_clock;

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/reader.hpp"
 
 namespace {
 

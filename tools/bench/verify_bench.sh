@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Verification benchmark: `h5ddp-ckpt verify` (every checksum recomputed, as find_resume_checkpoint does on
+# Verification benchmark: `h5ddp-ckpt verify` (every checksum recomputed, as a load does on
 # resume) against `cat FILE > /dev/null` (one sequential read of the same bytes, nothing checked), page cache
 # cold (evicted with posix_fadvise DONTNEED) and warm, alternating which runs first; each XXH3 kernel.
 #   tools/bench/verify_bench.sh [BUILD_DIR] [SCRATCH_DIR]      (env: REPS=3, MLP_HIDDEN=8192,8192,4096)

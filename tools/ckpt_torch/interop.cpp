@@ -310,20 +310,29 @@ size_t import_state_dict(MpiComm& comm, const ImportOptions& o) {
   SaveOptions so;
   so.name = out.filename().string();
   so.update_latest = false;  // a file the user named, not a run directory's newest checkpoint
-  so.keep_last = 0;
-  so.keep_every = 0;
+  so.retention.keep_last = 0;
+  so.retention.keep_every = 0;
   const std::string dir = out.has_parent_path() ? out.parent_path().string() : ".";
   save_checkpoint(comm, st, dir, so);
   return tensors.size();
 }
 
-EvalResult evaluate_checkpoint(MpiComm& comm, const EvalOptions& o) {
-  LoadedCheckpoint ck = load_checkpoint_tensors(comm, o.input);
+EvalResult evaluate_checkpoint(MpiComm& comm, const EvalOptions& given) {
+  LoadedCheckpoint ck = load_checkpoint_tensors(comm, given.input);
   EvalResult r;
   const auto meta = [&ck](const char* key) {
     auto it = ck.state.meta.find(key);
     return it == ck.state.meta.end() ? std::string() : it->second;
   };
+  EvalOptions o = given;
+  const bool recorded_data = o.data_file.empty() && !o.data_dir_given && !meta("data_file").empty();
+  if (recorded_data) {  // the data set the run trained on (h5ddp-train --data), as recorded in /meta
+    o.data_file = meta("data_file");
+    if (o.split == "t10k") o.split = "test";
+  }
+  r.data = o.data_file.empty()
+               ? "Fashion-MNIST " + o.split
+               : o.data_file + " /" + o.split + (recorded_data ? " (the run's --data, /meta data_file)" : "");
   ModelSpec spec;
   spec.file = !o.model_file.empty() ? o.model_file : (o.model.empty() ? meta("model_file") : "");
   r.model = !spec.file.empty() ? "torchscript " + spec.file : !o.model.empty() ? o.model : meta("model");
@@ -345,6 +354,9 @@ EvalResult evaluate_checkpoint(MpiComm& comm, const EvalOptions& o) {
     check_against_model(o.input, r.model, ck.model, dst);
     torch::NoGradGuard no_grad;
     for (const auto& [k, t] : ck.model) dst.at(k).copy_(t);
+    if (recorded_data && !std::filesystem::exists(o.data_file))
+      throw ConfigError(o.input + " was trained on --data " + o.data_file +
+                        " (its /meta data_file), which is not there from this directory: pass --data FILE.h5");
     data = o.data_file.empty() ? images_dataset(read_fashion_mnist(o.data_dir, o.split), o.split)
                                : open_h5_dataset(o.data_file, o.split);
   });
@@ -354,7 +366,15 @@ EvalResult evaluate_checkpoint(MpiComm& comm, const EvalOptions& o) {
   r.images = end - begin;
   if (r.images == 0) return r;
   model.module->eval();
-  const ScoreSums s = score_rows(model.forward, *data, begin, end);  // rows a forward as training's evaluation
+  ScoreSums s;
+  try {
+    s = score_rows(model.forward, *data, begin, end);  // rows a forward as training's evaluation
+  } catch (const Error& e) {
+    if (!o.data_file.empty() || spec.file.empty()) throw;
+    throw ConfigError(o.input + ": its model (" + r.model + ") does not take Fashion-MNIST images: " + e.what() +
+                      "\n  a --model-file model trained on --data scores on that data: h5ddp-ckpt eval " + o.input +
+                      " --data FILE.h5 (checkpoints written since /meta data_file exists find it themselves)");
+  }
   r.loss = s.loss / s.rows;
   r.accuracy = data->spec().classification ? s.correct / s.rows : -1;
   if (data->spec().per_position) {

@@ -58,16 +58,19 @@ size_t import_state_dict(MpiComm& comm, const ImportOptions& options);
 struct EvalOptions {
   std::string input;  // h5ddp checkpoint
   std::string data_dir = kDefaultFashionMnistDir;
-  std::string data_file;       // an HDF5 data set (docs/DATA.md) instead of Fashion-MNIST
-  std::string split = "t10k";  // Fashion-MNIST: "t10k" | "train"; --data: "test" | "train"
-  int64_t first = 0;           // first sample
-  int64_t count = -1;          // number of samples (clipped to the split; -1: to the end of the split)
-  std::string model;           // "" = the model named in the checkpoint's /meta
-  std::string model_file;      // a TorchScript module; "" = the checkpoint's model_file when it names one
+  bool data_dir_given = false;  // --data-dir: Fashion-MNIST even where the checkpoint records a --data file
+  std::string data_file;        // an HDF5 data set (docs/DATA.md) instead of Fashion-MNIST; "" = the checkpoint's
+                                // /meta data_file when it records one (and no data_dir was given)
+  std::string split = "t10k";   // Fashion-MNIST: "t10k" | "train"; --data: "test" | "train"
+  int64_t first = 0;            // first sample
+  int64_t count = -1;           // number of samples (clipped to the split; -1: to the end of the split)
+  std::string model;            // "" = the model named in the checkpoint's /meta
+  std::string model_file;       // a TorchScript module; "" = the checkpoint's model_file when it names one
 };
 
 struct EvalResult {
   std::string model;
+  std::string data;  // what was scored: "Fashion-MNIST t10k" or the HDF5 file and split
   int64_t images = 0;
   double loss = 0;         // mean cross-entropy (regression: MSE), eval mode (no dropout), float32 forward
   double accuracy = -1;    // fraction classified correctly (-1: regression); per position: of the positions

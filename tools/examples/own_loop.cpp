@@ -27,7 +27,7 @@ int train(h5ddp::MpiComm& comm, int argc, char** argv) {
   h5ddp::CheckpointerOptions options;
   options.run_dir = argc > 1 ? argv[1] : "runs/own-loop";
   options.every_steps = 50;
-  options.keep_last = 2;
+  options.retention.keep_last = 2;
   h5ddp::Checkpointer ckpt(comm, *model, optimizer, options);
   ckpt.track("fc2_ema", ema);  // your own state goes into the same file: update it before step_end
   ckpt.data().seed = 7;        // the sampler's shuffle; the position is kept by the checkpoint

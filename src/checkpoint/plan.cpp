@@ -1,15 +1,17 @@
 // The checkpoint plan: which datasets a TrainState becomes, in which order, and which rank handles which
 // rows. The share computations are pure functions (tested without MPI).
+#include "checkpoint/plan.hpp"
+
 #include <algorithm>
-#include <csignal>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <set>
 #include <sstream>
 
-#include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/errors.hpp"
+#include "checkpoint/hash.hpp"
+#include "checkpoint/pieces.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
 #include "h5ddp/log.hpp"
@@ -452,76 +454,6 @@ SavePlan make_save_plan(Comm& comm, const TrainState& state) {
   plan.structure_hash = hash_bytes(desc.data(), desc.size());
   plan.optimizer = opt;
   return plan;
-}
-
-void select_rows(hid_t space, const std::vector<int64_t>& shape, uint64_t begin, uint64_t end) {
-  if (begin == end) {
-    H5DDP_CHECK_H5(H5Sselect_none(space));
-    return;
-  }
-  if (shape.empty()) {
-    H5DDP_CHECK_H5(H5Sselect_all(space));
-    return;
-  }
-  std::vector<hsize_t> start(shape.size(), 0), count(shape.begin(), shape.end());
-  start[0] = begin;
-  count[0] = end - begin;
-  H5DDP_CHECK_H5(H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr));
-}
-
-std::string strip_process_tag(const std::string& message) {
-  const std::string tag = process_tag() + " ";
-  return message.compare(0, tag.size(), tag) == 0 ? message.substr(tag.size()) : message;
-}
-
-namespace {
-// Whether `message` starts with some process's "[host rank r/N] " tag: another rank's error, raised here by
-// Comm::rethrow_first, and captured again (e.g. by the asynchronous save's thread).
-bool starts_with_process_tag(const std::string& message) {
-  if (message.empty() || message[0] != '[') return false;
-  const size_t end = message.find("] ");
-  const size_t at = message.find(" rank ");
-  return end != std::string::npos && at != std::string::npos && at < end && message.find('/', at) < end &&
-         message.find(' ', 1) == at;
-}
-}  // namespace
-
-std::exception_ptr checkpoint_error(const std::string& local_error, bool mismatch) {
-  if (local_error.empty()) return nullptr;
-  if (starts_with_process_tag(local_error)) {  // it names its rank already: no second tag
-    if (mismatch) return std::make_exception_ptr(CheckpointMismatchError(Error::Untagged{}, local_error));
-    return std::make_exception_ptr(CheckpointError(Error::Untagged{}, local_error));
-  }
-  if (mismatch) return std::make_exception_ptr(CheckpointMismatchError(local_error));
-  return std::make_exception_ptr(CheckpointError(local_error));
-}
-
-bool fault_armed(const char* phase, int rank) {
-  // Armed only with H5DDP_TEST_HOOKS=1 as well, so a stray H5DDP_FAULT_INJECT in a production environment
-  // (a copied job script, an exported shell variable) cannot harm a real run: it is ignored with a warning.
-  static const std::string spec = [] {
-    const char* e = std::getenv("H5DDP_FAULT_INJECT");
-    if (e == nullptr || *e == '\0') return std::string();
-    const char* armed = std::getenv("H5DDP_TEST_HOOKS");
-    if (armed == nullptr || std::string(armed) != "1") {
-      log::warn(std::string("ignoring H5DDP_FAULT_INJECT=") + e +
-                ": a test-only hook, armed only with H5DDP_TEST_HOOKS=1");
-      return std::string();
-    }
-    return std::string(e);
-  }();
-  if (spec.empty()) return false;
-  const size_t colon = spec.find(':');
-  if (spec.substr(0, colon) != phase) return false;
-  const std::string who = colon == std::string::npos ? "all" : spec.substr(colon + 1);
-  return who == "all" || who == std::to_string(rank);
-}
-
-void maybe_inject_fault(const char* phase, int rank) {
-  if (fault_armed(phase, rank)) {
-    log::warn(std::string("H5DDP_FAULT_INJECT: killing this rank at ") + phase);
-    std::raise(SIGKILL);
-  }
 }
 
 }  // namespace h5ddp::ckpt

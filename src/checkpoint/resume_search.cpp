@@ -1,14 +1,8 @@
-// The commit protocol's file-system steps (fsync; `latest` and retention through RunDir) and finding the checkpoint to
-// resume from.
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <cstring>
+// Finding the checkpoint to resume from: the candidates of a run directory tried from the newest down, and the
+// warning of a fresh run started beside an earlier run's checkpoints.
 #include <filesystem>
 
-#include "checkpoint/checkpoint_internal.hpp"
+#include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
 #include "h5ddp/log.hpp"
@@ -17,39 +11,10 @@
 namespace fs = std::filesystem;
 
 namespace h5ddp {
-namespace ckpt {
-
-void fsync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) throw CheckpointError("cannot open " + path + " to fsync it: " + std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) throw CheckpointError("fsync of " + path + " failed: " + std::strerror(err));
-}
-
-// The save's steps on the run directory (checkpoint_writer.cpp), done by RunDir.
-void write_latest(const std::string& run_dir, const std::string& file_name, bool fsync) {
-  RunDir(run_dir).move_latest(file_name, fsync);  // only rank 0 moves `latest`
-}
-
-void apply_retention(const std::string& run_dir, const SaveOptions& options, const std::string& newest) {
-  RunDir(run_dir).apply_retention(keep_policy_of(options), newest);
-}
-
-}  // namespace ckpt
-
-void write_run_dir_pointer(const std::string& run_dir, const std::string& name, const std::string& text, bool fsync) {
-  RunDir(run_dir).write_pointer(name, text, fsync);
-}
-
-ResumeCandidates list_resume_candidates(Comm& comm, const std::string& run_dir) {
-  return RunDir(run_dir).resume_candidates(comm);
-}
 
 std::optional<std::string> resume_newest(Comm& comm, const std::string& run_dir,
                                          const std::function<void(const std::string& path)>& attempt) {
-  const ResumeCandidates c = list_resume_candidates(comm, run_dir);
+  const ResumeCandidates c = RunDir(run_dir).resume_candidates(comm);
   std::string why;  // what was wrong with the candidates skipped so far
   for (size_t i = 0; i < c.paths.size(); ++i) {
     const bool named_by_latest = static_cast<int>(i) == c.latest_index;
@@ -74,7 +39,7 @@ std::optional<std::string> resume_newest(Comm& comm, const std::string& run_dir,
 }
 
 std::vector<std::string> warn_of_checkpoints_in_fresh_run_dir(Comm& comm, const std::string& run_dir) {
-  const ResumeCandidates c = list_resume_candidates(comm, run_dir);
+  const ResumeCandidates c = RunDir(run_dir).resume_candidates(comm);
   std::string listing;  // rank 0 checks existence (`latest` may name a missing file) and broadcasts
   if (comm.rank() == 0)
     for (const auto& p : c.paths)
@@ -93,16 +58,6 @@ std::vector<std::string> warn_of_checkpoints_in_fresh_run_dir(Comm& comm, const 
             "step than this run's newest save, that is what it resumes from, and retention (--keep-last) counts "
             "them as this run's. Remove them or use another --run-dir unless that is what you want.");
   return found;
-}
-
-std::optional<std::string> find_resume_checkpoint(MpiComm& comm, const std::string& run_dir) {
-  return resume_newest(comm, run_dir, [&](const std::string& path) {
-    const auto problems = verify_checkpoint_collective(comm, path);  // the same list on every rank
-    if (problems.size() == 1) std::rethrow_exception(ckpt::checkpoint_error(problems.front()));
-    if (problems.size() > 1)
-      std::rethrow_exception(
-          ckpt::checkpoint_error(problems.front() + " (+" + std::to_string(problems.size() - 1) + " more problems)"));
-  });
 }
 
 }  // namespace h5ddp

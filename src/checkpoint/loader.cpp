@@ -3,29 +3,39 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <set>
 
-#include "checkpoint/checkpoint_internal.hpp"
-#include "checkpoint/checkpoint_rules.hpp"
 #include "checkpoint/direct_read.hpp"
+#include "checkpoint/errors.hpp"
+#include "checkpoint/fault_inject.hpp"
+#include "checkpoint/hash.hpp"
+#include "checkpoint/phase_timer.hpp"
+#include "checkpoint/pieces.hpp"
+#include "checkpoint/plan.hpp"
+#include "checkpoint/reader.hpp"
+#include "checkpoint/rows.hpp"
+#include "checkpoint/rules.hpp"
+#include "h5ddp/clock.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
 #include "h5ddp/log.hpp"
+#include "h5ddp/mpi_comm.hpp"
 
 namespace h5ddp {
 namespace {
 
-using ckpt::DatasetPlan;
-using Clock = std::chrono::steady_clock;
+// Load reads a dataset it verifies straight into the destination in pieces of this size, each hashed right
+// after its read (still in the last-level cache). Larger than verification's buffer (kVerifyBufferBytes,
+// verify.cpp) because the destination is not a reused buffer, and because on a disk-bound load fewer, larger
+// reads keep more I/O in flight: 1 GiB at 1 rank read from disk, 4 MiB pieces 0.72x the raw MPI-IO read, 16 MiB
+// 0.87x, 64 MiB 0.89x (medians of 15 loads each, docs/DESIGN.md "Load verifies while the bytes are in cache").
+constexpr size_t kLoadPieceBytes = 16u << 20;
 
-std::string seconds_since(Clock::time_point t0) {
-  return std::to_string(std::chrono::duration<double>(Clock::now() - t0).count());
-}
+using ckpt::DatasetPlan;
 
 std::string describe(DType dtype, const std::vector<int64_t>& shape) {
   return std::string(dtype_name(dtype)) + " " + ckpt::shape_string(shape);
@@ -194,7 +204,7 @@ bool bounce_reads() {
   return on;
 }
 
-// Reads all of `d` into d.dst in pieces of about ckpt::kLoadPieceBytes (fewer with H5DDP_MAX_TRANSFER_BYTES, which
+// Reads all of `d` into d.dst in pieces of about kLoadPieceBytes (fewer with H5DDP_MAX_TRANSFER_BYTES, which
 // tests lower); with `hash`, each piece is hashed right after it is read, while it is still in the CPU cache (one
 // pass over memory instead of two). With a `bounce` buffer (bounce_reads()) each piece lands there first and is
 // copied to d.dst; a row larger than a piece goes straight to d.dst.
@@ -202,7 +212,7 @@ void read_pieces(hid_t ds, const DatasetPlan& d, hid_t dxpl, ckpt::StreamHash* h
                  bool flip_test_hook) {
   const size_t rb = d.row_bytes(), first = d.pieces.empty() ? 0 : d.src_row;
   const size_t rows = d.pieces.empty() ? d.rows() : d.src_row_end;
-  const size_t piece = std::min<uint64_t>(ckpt::kLoadPieceBytes, ckpt::max_transfer_bytes());
+  const size_t piece = std::min<uint64_t>(kLoadPieceBytes, ckpt::max_transfer_bytes());
   const size_t per = std::max<size_t>(1, rb ? piece / rb : 1);
   const bool via_bounce = bounce != nullptr && rb > 0 && rb <= piece;
   if (via_bounce && bounce->size() < per * rb) bounce->resize(per * rb);
@@ -339,7 +349,7 @@ std::string read_own_share(hid_t f, const std::vector<DatasetPlan>& plan, const 
     std::string e = read(plan[i], begin, end, coll, calls);
     if (error.empty()) error = e;
   }
-  log::debug("load: collective reads done at " + seconds_since(t0));
+  log::debug("load: collective reads done at " + std::to_string(seconds_since(t0)));
   for (const auto& s : segments)
     if (s.rank == rank && pieces[s.index] < 2 && error.empty())
       error = read(plan[s.index], s.row_begin, s.row_end, indep, 0);
@@ -355,10 +365,10 @@ void read_share_exchange(MpiComm& comm, hid_t f, const std::vector<DatasetPlan>&
   std::vector<int> pieces(plan.size(), 0);
   for (const auto& s : segments) ++pieces[s.index];
   comm.rethrow_first(ckpt::checkpoint_error(read_own_share(f, plan, segments, pieces, comm.rank(), path, t0)));
-  log::debug("load: own share read at " + seconds_since(t0));
+  log::debug("load: own share read at " + std::to_string(seconds_since(t0)));
   if (comm.size() > 1) {
     exchange_shares(comm, plan, segments);
-    log::debug("load: exchange done at " + seconds_since(t0));
+    log::debug("load: exchange done at " + std::to_string(seconds_since(t0)));
   }
   if (ckpt::fault_armed("load_flip", comm.rank()))
     for (auto& d : plan)

@@ -10,21 +10,23 @@
 #include <memory>
 #include <stdexcept>
 
-#include "checkpoint/checkpoint_internal.hpp"
-#include "checkpoint/checkpoint_rules.hpp"
 #include "checkpoint/direct_write.hpp"
+#include "checkpoint/errors.hpp"
+#include "checkpoint/fault_inject.hpp"
+#include "checkpoint/fsync.hpp"
+#include "checkpoint/hash.hpp"
+#include "checkpoint/phase_timer.hpp"
+#include "checkpoint/pieces.hpp"
+#include "checkpoint/plan.hpp"
+#include "checkpoint/rows.hpp"
+#include "checkpoint/rules.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
 #include "h5ddp/log.hpp"
+#include "h5ddp/mpi_comm.hpp"
+#include "h5ddp/run_dir.hpp"
 
 namespace h5ddp {
-namespace ckpt {
-// Defined in checkpoint_commit.cpp.
-void fsync_path(const std::string& path, bool directory);
-void write_latest(const std::string& run_dir, const std::string& file_name, bool fsync);
-void apply_retention(const std::string& run_dir, const SaveOptions& options, const std::string& newest);
-}  // namespace ckpt
-
 namespace {
 
 using ckpt::DatasetPlan;
@@ -534,10 +536,10 @@ void commit(SaveJob& job) {
 
   ckpt::maybe_inject_fault("before_latest", job.rank);
   if (job.rank == 0 && job.options.update_latest)
-    error = ckpt::capture_error([&] { ckpt::write_latest(job.run_dir, job.name, job.options.fsync); });
+    error = ckpt::capture_error([&] { RunDir(job.run_dir).move_latest(job.name, job.options.fsync); });
   job.comm.rethrow_first(ckpt::checkpoint_error(error));
 
-  if (job.rank == 0) ckpt::apply_retention(job.run_dir, job.options, job.name);  // logs problems, never throws
+  if (job.rank == 0) RunDir(job.run_dir).apply_retention(job.options.retention, job.name);  // logs, never throws
   job.comm.barrier();
   job.timer.mark("commit");
 }

@@ -1,6 +1,6 @@
 // docs/FORMAT.md's rules over a file's facts and values (pure): the one definition of validity that
 // h5ddp-ckpt verify, load_checkpoint and save_checkpoint share.
-#include "checkpoint/checkpoint_rules.hpp"
+#include "checkpoint/rules.hpp"
 
 #include <cmath>
 #include <set>

@@ -1,19 +1,19 @@
 // Checksums off the I/O path: a background hasher that overlaps XXH3 with the writes (save) and reads
-// (load), a sample hash for the cheap replica check, and the phase timer of the debug timelines.
-// XXH_INLINE_ALL compiles XXH3 into this file, with its flags (-O3, see io.cmake): 0.040 s per GiB on the
+// (load), a sample hash for the cheap replica check.
+// XXH_INLINE_ALL compiles XXH3 into this file, with its flags (-O3, see CMakeLists.txt): 0.040 s per GiB on the
 // 2-core VM of docs/DEFAULTS.md against 0.066 s through Debian's libxxhash.so, same hash values.
 // On x86-64 an AVX2 build of the same XXH3 (xxh3_avx2.c) is chosen at run time where the CPU has AVX2: on data
 // still in the cache, which is how load hashes what it has just read, it takes 0.025 s per GiB against 0.038.
+#include "checkpoint/hash.hpp"
+
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
-#include "checkpoint/checkpoint_internal.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/log.hpp"
 
@@ -176,18 +176,6 @@ void BackgroundHasher::loop() {
     results_[job.slot] = h;
     if (--pending_ == 0) cv_.notify_all();
   }
-}
-
-PhaseTimer::PhaseTimer() : start_(Clock::now()), last_(start_) {}
-
-void PhaseTimer::mark(const char* phase) {
-  const auto now = Clock::now();
-  timeline_ += std::string(" ") + phase + "=" + std::to_string(std::chrono::duration<double>(now - last_).count());
-  last_ = now;
-}
-
-double PhaseTimer::total_seconds() const {
-  return std::chrono::duration<double>(Clock::now() - start_).count();
 }
 
 }  // namespace h5ddp::ckpt

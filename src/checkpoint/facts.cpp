@@ -1,11 +1,12 @@
-// What a checkpoint holds, for the rules of checkpoint_rules.cpp: read from a file in one walk of its objects
+// What a checkpoint holds, for the rules of rules.cpp: read from a file in one walk of its objects
 // and attributes (read_facts), or foreseen from the state a save is about to write (facts_of_plan).
 #include <algorithm>
 #include <cstring>
 #include <set>
 
-#include "checkpoint/checkpoint_internal.hpp"
-#include "checkpoint/checkpoint_rules.hpp"
+#include "checkpoint/plan.hpp"
+#include "checkpoint/reader.hpp"
+#include "checkpoint/rules.hpp"
 #include "h5/h5.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"

@@ -1,17 +1,19 @@
 // Reading checkpoints: open + format checks, the manifest, and load_checkpoint (share + exchange, or
 // every rank reads everything).
+#include "checkpoint/reader.hpp"
+
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
 
-#include "checkpoint/checkpoint_internal.hpp"
-#include "checkpoint/checkpoint_rules.hpp"
+#include "checkpoint/errors.hpp"
+#include "checkpoint/rules.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
 #include "h5ddp/log.hpp"
+#include "h5ddp/mpi_comm.hpp"
 
 namespace h5ddp {
 
@@ -151,13 +153,6 @@ h5::Handle open_checkpoint(MpiComm* comm, const std::string& path, const MpiioHi
   return f;
 }
 
-std::string joined_problems(const std::vector<std::string>& problems) {
-  if (problems.size() == 1) return problems[0];
-  std::string out = std::to_string(problems.size()) + " problems (docs/FORMAT.md):";
-  for (const auto& p : problems) out += "\n  " + p;
-  return out;
-}
-
 CheckpointManifest read_valid_manifest(hid_t f, const std::string& path) {
   const FileFacts facts = read_facts(f, path);
   const auto problems = rule_problems(facts, nullptr);
@@ -242,36 +237,6 @@ std::vector<DatasetPlan> manifest_datasets(hid_t f, const CheckpointManifest& m)
     tensor(path, tensor_info(f, path, path));
   }
   return out;
-}
-
-uint64_t max_transfer_bytes() {
-  static const uint64_t v = [] {
-    const char* e = std::getenv("H5DDP_MAX_TRANSFER_BYTES");
-    const uint64_t n = e ? std::strtoull(e, nullptr, 10) : 0;
-    return n > 0 ? std::min(n, kMaxTransferBytes) : kMaxTransferBytes;
-  }();
-  return v;
-}
-
-size_t transfer_count(const DatasetPlan& d, uint64_t begin, uint64_t end) {
-  const uint64_t per = std::max<uint64_t>(1, d.row_bytes() ? max_transfer_bytes() / d.row_bytes() : 1);
-  return static_cast<size_t>((end - begin + per - 1) / per);
-}
-
-void read_rows(hid_t ds, const DatasetPlan& d, uint64_t begin, uint64_t end, void* buf, hid_t dxpl, size_t min_calls) {
-  h5::Handle type = d.file_type();
-  h5::Handle fspace = h5::dataspace(H5Dget_space(ds));
-  const uint64_t per = std::max<uint64_t>(1, d.row_bytes() ? max_transfer_bytes() / d.row_bytes() : 1);
-  const size_t calls = std::max<size_t>({min_calls, transfer_count(d, begin, end), 1});
-  for (size_t i = 0; i < calls; ++i) {
-    const uint64_t b = std::min(end, begin + i * per), e = std::min(end, b + per);
-    select_rows(fspace, d.shape, b, e);
-    std::vector<int64_t> mshape = d.shape;
-    if (!mshape.empty()) mshape[0] = static_cast<int64_t>(e - b);
-    h5::Handle mspace = h5::make_space(mshape);
-    if (b == e) H5DDP_CHECK_H5(H5Sselect_none(mspace));
-    H5DDP_CHECK_H5(H5Dread(ds, type, mspace, fspace, dxpl, static_cast<char*>(buf) + (b - begin) * d.row_bytes()));
-  }
 }
 
 }  // namespace ckpt

@@ -1,5 +1,8 @@
 // CheckpointFile: serial, read-only access to one checkpoint for tools (info, diff, export).
-#include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/hash.hpp"
+#include "checkpoint/plan.hpp"
+#include "checkpoint/reader.hpp"
+#include "checkpoint/rows.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
 

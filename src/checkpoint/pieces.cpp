@@ -1,5 +1,7 @@
 // Element-range sharding in the checkpoint layer: the chained XXH3 of datasets whose rows several ranks hold,
 // and the check that ranks' row pieces tile a dataset (docs/SHARDING.md).
+#include "checkpoint/pieces.hpp"
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -7,8 +9,9 @@
 #include <map>
 #include <set>
 
-#include "checkpoint/checkpoint_internal.hpp"
+#include "checkpoint/hash.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/mpi_comm.hpp"
 
 namespace h5ddp::ckpt {
 
