@@ -29,6 +29,12 @@ namespace h5ddp {
 // (complex, quantized, ...). One mapping for the ddp and train layers.
 std::optional<DType> dtype_of(torch::ScalarType t);
 
+// module.parameters() with each tensor once, in order. LibTorch lists a tied weight (one tensor under two state-dict
+// names, e.g. a language model's head sharing its token embedding: `head.weight = tok.weight`) once per name,
+// where Python's parameters() lists it once; an optimizer built over the duplicates would step it twice. Build
+// optimizers over this (DDP and the Checkpointer treat the first name as the parameter's, the others as aliases).
+std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& module);
+
 // How much of the training state is split between ranks (ZeRO stages; docs/SHARDING.md). Each rank owns one
 // contiguous range of every bucket's flattened gradients (split_bucket: between rows of a tensor, so one tensor
 // may be split across ranks) and the optimizer state of those elements.

@@ -132,7 +132,15 @@ struct DistributedDataParallel::Bucket {
 
 DistributedDataParallel::DistributedDataParallel(Comm& comm, torch::nn::Module& module, DdpOptions options)
     : module_(&module), comm_(comm), options_(options) {
+  std::string tied;  // "'head.weight' (= 'tok.weight')": a tensor met again under another name is not a new parameter
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    const auto first = std::find_if(params_.begin(), params_.end(), [&](const torch::Tensor& p) {
+      return p.unsafeGetTensorImpl() == item.value().unsafeGetTensorImpl();
+    });
+    if (first != params_.end()) {
+      tied += (tied.empty() ? "'" : ", '") + item.key() + "' (= '" + param_names_[first - params_.begin()] + "')";
+      continue;
+    }
     if (!item.value().requires_grad()) {
       buffers_.push_back(item.value());  // frozen parameters are only kept identical, like buffers
       continue;
@@ -141,7 +149,11 @@ DistributedDataParallel::DistributedDataParallel(Comm& comm, torch::nn::Module& 
     param_names_.push_back(item.key());
   }
   for (const auto& item : module_->named_buffers(/*recurse=*/true)) buffers_.push_back(item.value());
-  if (options_.stage() == ShardStage::kParameters) unit_problem_ = resolve_units();
+  if (options_.stage() == ShardStage::kParameters)
+    unit_problem_ = !tied.empty() ? "DDP: shard stage 3 does not run tied weights yet: " + tied +
+                                        " (one tensor under two names); train this model with --shard gradients, "
+                                        "optimizer or none"
+                                  : resolve_units();
 
   check_same_model();
 
@@ -832,6 +844,15 @@ DistributedDataParallel::NoSync::~NoSync() {
 }
 DistributedDataParallel::NoSync::NoSync(NoSync&& other) noexcept : ddp_(other.ddp_), previous_(other.previous_) {
   other.ddp_ = nullptr;
+}
+
+std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& module) {
+  std::vector<torch::Tensor> out;
+  for (const torch::Tensor& p : module.parameters(/*recurse=*/true))
+    if (std::none_of(out.begin(), out.end(),
+                     [&](const torch::Tensor& q) { return q.unsafeGetTensorImpl() == p.unsafeGetTensorImpl(); }))
+      out.push_back(p);
+  return out;
 }
 
 }  // namespace h5ddp

@@ -115,6 +115,11 @@ TorchStateBinding::TorchStateBinding(torch::nn::Module& model, torch::optim::Opt
   std::vector<std::pair<size_t, Held>> held;  // (model position, what the optimizer holds)
   for (const auto& g : optimizer_.param_groups())
     for (const auto& p : g.params()) {
+      for (const auto& h : held)
+        if (h.second.key.is_same(p))
+          throw ConfigError("the optimizer holds '" + h.second.name +
+                            "' twice: a tied weight (one tensor under two names) listed once per name by LibTorch's "
+                            "parameters(); build the optimizer over h5ddp::unique_parameters(model)");
       size_t position = 0;
       while (position < params_.size() && !params_[position].second.is_same(p)) ++position;
       if (position < params_.size()) {

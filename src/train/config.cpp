@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <filesystem>
@@ -86,7 +87,7 @@ const Words<ShardOption> kShards = {{"none", ShardOption::kNone},
 const Words<ProgressMode> kProgressModes = {
     {"auto", ProgressMode::kAuto}, {"tty", ProgressMode::kTty}, {"lines", ProgressMode::kLines}};
 
-// The value `word` stands for; ConfigError "--option word: must be a | b | c" for any other word.
+// The value `word` stands for; ConfigError "--optimizer lamb: unknown optimizer (adam | adamw | sgd)" for another word.
 template <class E>
 E choice(const std::string& option, const std::string& word, const Words<E>& words) {
   std::string list;
@@ -94,7 +95,9 @@ E choice(const std::string& option, const std::string& word, const Words<E>& wor
     if (word == w) return v;
     list += (list.empty() ? "" : " | ") + std::string(w);
   }
-  throw ConfigError("--" + option + " " + word + ": must be " + list);
+  std::string noun = option;
+  std::replace(noun.begin(), noun.end(), '-', ' ');
+  throw ConfigError("--" + option + " " + word + ": unknown " + noun + " (" + list + ")");
 }
 
 template <class E>

@@ -1,5 +1,6 @@
 #include "train/models.hpp"
 
+#include "h5ddp/ddp.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/script_module.hpp"
 
@@ -12,7 +13,7 @@ constexpr int64_t kClasses = 10;
 
 int64_t parameter_count(const torch::nn::Module& m) {
   int64_t n = 0;
-  for (const auto& p : m.parameters()) n += p.numel();
+  for (const auto& p : unique_parameters(m)) n += p.numel();  // a tied weight once
   return n;
 }
 

@@ -131,7 +131,7 @@ class Trainer {
       sharded_ = std::make_unique<ShardedOptimizer>(*ddp_, make);
       ckpt_ = std::make_unique<Checkpointer>(comm_, *model_.module, *sharded_, checkpointer_options(config_));
     } else {
-      optimizer_ = make(model_.module->parameters());
+      optimizer_ = make(unique_parameters(*model_.module));
       ckpt_ = std::make_unique<Checkpointer>(comm_, *model_.module, *optimizer_, checkpointer_options(config_));
     }
     seed_rank_rng(config_.seed, comm_.rank());

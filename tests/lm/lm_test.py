@@ -9,6 +9,8 @@ language model scripted here (an embedding, tanh, a linear head: logits [B, T, V
   per-position label >= vocab_size: exit != 0 before the first step, one message naming the file and the dataset.
 - grad_clip_sharded: --grad-clip with --shard-optimizer trains like the replicated run (1e-5 relative L2 per tensor),
   metrics carry grad_norm > the clip.
+- tied_weights: a head tied to the embedding under two names (GPT-2's tie): losses equal PyTorch's, the optimizer
+  state once, both verifiers, SIGKILL + resume bitwise, export loads strictly with the tie.
 - nonfinite_skipped: a model whose loss overflows: every step skipped on every rank (counted in metrics), the
   weights of the final checkpoint are the initial ones.
 """
@@ -41,6 +43,20 @@ class TinyLM(torch.nn.Module):
 
     def forward(self, x):
         return self.head(torch.tanh(self.emb(x))) * self.scale * self.scale
+
+
+class TiedLM(torch.nn.Module):
+    """GPT-2's tie: the head's weight IS the token embedding's, under two state-dict names."""
+
+    def __init__(self, vocab: int, dim: int):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.mid = torch.nn.Linear(dim, dim)
+        self.head = torch.nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.mid(self.emb(x))))
 
 
 def script(d, scale=1.0):
@@ -138,6 +154,71 @@ def test_loss_equals_pytorch():
           f"over {scored} tokens")
 
 
+def test_tied_weights():
+    """A weight tied under two names (head.weight = emb.weight), replicated at 2 ranks: every step's loss equals
+    PyTorch's DDP-equivalent step (one Adam update of the one tensor), the file holds both names with equal bytes
+    and the optimizer state once, both verifiers accept it, SIGKILL + resume is bitwise, and the export loads
+    strictly into the Python class with the tie intact."""
+    d = ht.scratch("lm-tied")
+    torch.manual_seed(5)
+    ref = TiedLM(V, 24)
+    model = os.path.join(d, "tied.pt")
+    torch.jit.script(ref).save(model)
+    tokens = rng_tokens(4000, 2)
+    data = stream_file(os.path.join(d, "stream.h5"), tokens)
+    n = (len(tokens) - 1) // T
+    np_, batch, steps, at, lr = 2, 16, 6, 3, 0.01
+    full = os.path.join(d, "full")
+    train(np_, full, model, data, "--batch-size", batch, "--max-steps", steps, "--lr", lr, "--checkpoint-every-steps", at)
+    logged = [r["loss"] for r in records(full, "train")]
+    windows = torch.from_numpy(np.stack([tokens[i * T:i * T + T + 1] for i in range(n)]).astype(np.int64))
+    opt = torch.optim.Adam(ref.parameters(), lr=lr)  # Python's parameters(): the tied tensor once
+    want = []
+    for step in range(steps):
+        opt.zero_grad()
+        loss = 0
+        for rank in range(np_):
+            w = windows[DistributedSampler(n, batch, 42, np_, rank).local_indices(0, step * batch)]
+            loss = loss + F.cross_entropy(ref(w[:, :-1]).reshape(-1, V), w[:, 1:].reshape(-1)) / np_
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    worst = max(abs(a - b) / abs(b) for a, b in zip(logged, want))
+    ht.check(len(logged) == steps and worst <= 1e-5, f"losses {logged} vs PyTorch {want} ({worst:.1e} apart)")
+    last = ht.ckpt(full, steps)
+    with h5py.File(last, "r") as f:
+        ht.check(np.array_equal(f["model/emb.weight"][()], f["model/head.weight"][()]), "the two names differ")
+        ht.check("emb.weight" in f["optimizer/state"] and "head.weight" not in f["optimizer/state"],
+                 f"optimizer state not once: {list(f['optimizer/state'])}")
+        trained = f["model/emb.weight"][()]
+        exp = ref.emb.weight.detach().numpy()
+        ht.check(np.abs(trained - exp).max() <= 1e-5 * np.abs(exp).max(),
+                 f"the trained weight is {np.abs(trained - exp).max()} from PyTorch's")
+    for verify in ([ht.tool("h5ddp-ckpt"), "verify", last], [sys.executable, "-m", "h5ddp_torch", "verify", last]):
+        r = ht.run(verify, 120, extra_env={"PYTHONPATH": os.path.join(HERE, "..", "..", "python")})
+        ht.check(r.rc == 0, f"{verify[:2]} refused the tied file: {r}")
+    killed = os.path.join(d, "killed")
+    argv = [ht.tool("h5ddp-train"), "--run-dir", killed, "--model-file", model, "--data", data, "--no-fsync",
+            "--threads", "1", "--no-eval", "--batch-size", batch, "--max-steps", steps, "--lr", lr,
+            "--checkpoint-every-steps", at]
+    job = ht.Job(np_, argv + ["--step-sleep-ms", "700"])
+    job.wait_for(lambda: ht.latest_target(killed) == ht.ckpt(killed, at), 150, f"the step-{at} checkpoint")
+    job.kill()
+    ht.check(ht.steps_in(killed)[-1] < steps, f"the run finished before the kill: {ht.steps_in(killed)}")
+    r = ht.mpirun(np_, argv, LAUNCH)
+    ht.check(r.rc == 0 and ht.resumed_from(r) is not None, f"the resume failed: {r}")
+    ht.check_bitwise(ht.ckpt(killed, steps), last, "tied: killed + resumed vs uninterrupted")
+    pt = os.path.join(d, "tied-state.pt")
+    r = ht.run([ht.tool("h5ddp-ckpt"), "export", last, "--to", pt], 120)
+    ht.check(r.rc == 0, f"export failed: {r}")
+    back = TiedLM(V, 24)
+    back.load_state_dict(torch.load(pt)["model"], strict=True)
+    ht.check(back.head.weight is back.emb.weight and torch.equal(back.emb.weight.detach(), torch.from_numpy(trained)),
+             "the exported state dict did not load with the tie intact")
+    print(f"tied weights: {steps} losses within {worst:.1e} of PyTorch, state once, verified, SIGKILL + resume "
+          f"bitwise, export loads strictly with the tie")
+
+
 def refused(d, tag, data, *needles, extra=()):
     model = script(d)
     run = os.path.join(d, f"run-{tag}")
@@ -205,4 +286,5 @@ def test_nonfinite_skipped():
 
 
 if __name__ == "__main__":
-    sys.exit(ht.cli([test_loss_equals_pytorch, test_bad_token_data, test_grad_clip_sharded, test_nonfinite_skipped]))
+    sys.exit(ht.cli([test_loss_equals_pytorch, test_tied_weights, test_bad_token_data, test_grad_clip_sharded,
+                     test_nonfinite_skipped]))

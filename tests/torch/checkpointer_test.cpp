@@ -14,6 +14,7 @@
 #include "checkpoint/reader.hpp"
 #include "h5/h5.hpp"
 #include "h5ddp/bucketing.hpp"
+#include "h5ddp/ddp.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/stop_signal.hpp"
 #include "h5ddp_test/corrupt_dataset.hpp"
@@ -119,6 +120,42 @@ TEST(Checkpointer, DeducesTheOptimizerTypeAndRefusesOthers) {
   EXPECT_EQ(optimizer_type_of(adamw), "adamw");
   EXPECT_EQ(optimizer_type_of(sgd), "sgd");
   EXPECT_THROW(optimizer_type_of(rms), ConfigError);
+}
+
+// A weight tied under two names (a language model's head sharing its embedding): LibTorch's parameters() lists it
+// twice; unique_parameters() once. An optimizer over the duplicates is refused (it would step the tensor twice);
+// one over unique_parameters() saves both names and the state once, and resumes.
+TEST(Checkpointer, TiedWeightIsOneParameterUnderTwoNames) {
+  struct Holder : torch::nn::Module {
+    explicit Holder(const torch::Tensor& w) { register_parameter("weight", w); }
+  };
+  struct Tied : torch::nn::Module {
+    Tied() {
+      const torch::Tensor w = torch::randn({5, 3});
+      register_module("tok", std::make_shared<Holder>(w));
+      register_module("head", std::make_shared<Holder>(w));  // the same tensor: head.weight is tok.weight
+    }
+  };
+  auto net = std::make_shared<Tied>();
+  ASSERT_EQ(net->parameters().size(), 2u);
+  ASSERT_TRUE(net->parameters()[0].is_same(net->parameters()[1]));
+  ASSERT_EQ(unique_parameters(*net).size(), 1u);
+  CheckpointerOptions o;
+  o.run_dir = test::scratch_dir("ckptr-tied");
+  torch::optim::Adam twice(net->parameters());
+  EXPECT_THROW(Checkpointer(test::world(), *net, twice, o), ConfigError);
+  torch::optim::Adam once(unique_parameters(*net));
+  Checkpointer ckpt(test::world(), *net, once, o);
+  net->parameters()[0].sum().backward();
+  once.step();
+  ckpt.data().global_batch = test::world().size();
+  ckpt.step_end(1);
+  ckpt.save();
+  h5::Handle f = h5::file(H5Fopen(ckpt.last_checkpoint().c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  EXPECT_GT(H5Lexists(f, "/model/tok.weight", H5P_DEFAULT), 0);
+  EXPECT_GT(H5Lexists(f, "/model/head.weight", H5P_DEFAULT), 0);
+  EXPECT_GT(H5Lexists(f, "/optimizer/state/tok.weight", H5P_DEFAULT), 0);
+  EXPECT_EQ(H5Lexists(f, "/optimizer/state/head.weight", H5P_DEFAULT), 0);
 }
 
 TEST(Checkpointer, FreshStartThenResumeRestoresEverythingAndTrackedState) {
