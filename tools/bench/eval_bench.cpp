@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -65,7 +66,8 @@ int main(int argc, char** argv) {
   };
   for (int r = 0; r < rounds; ++r) {
     model.module->eval();
-    for (int64_t b : {int64_t{16}, score_batch_rows(data->spec()), int64_t{60}, int64_t{128}, int64_t{1000}}) {
+    std::set<int64_t> sizes = {16, 60, 1000, score_batch_rows(data->spec())};
+    for (int64_t b : sizes) {
       const double t0 = cpu_seconds();
       score_rows(model.forward, *data, 0, n, b);
       add("eval forward, batch " + std::to_string(b) + (b == score_batch_rows(data->spec()) ? " (default)" : ""),

@@ -8,7 +8,7 @@ set -euo pipefail
 build=${1:-build}
 export OMP_NUM_THREADS=1
 for model in cnn mlp; do
-  for heap in default keep; do "$build/tools/bench/h5ddp-bench-eval" --model "$model" --heap "$heap" --rounds 3; done
+  for heap in default keep; do "$build/tools/bench/h5ddp-bench-eval" --model "$model" --heap "$heap" --rounds 2 --images 5000; done
 done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
