@@ -23,7 +23,7 @@ PUBLIC = {
     "comm": "comm", "mpi_comm": "comm", "nccl_comm": "comm",
     "h5_layout": "h5",
     "checkpoint": "checkpoint", "train_state": "checkpoint", "policy": "checkpoint", "run_dir": "checkpoint",
-    "bucketing": "ddp", "ddp": "ddp",
+    "bucketing": "ddp", "ddp": "ddp", "data_parallel": "ddp", "sharded_ddp": "ddp", "fsdp": "ddp",
     "checkpointer": "torch", "sampler": "torch", "script_module": "torch", "stop_signal": "torch",
     "sharded_optimizer": "torch", "h5ddp": "torch",
 }

@@ -58,10 +58,11 @@ struct CheckpointerOptions {
   // A failed periodic save is reported on rank 0 and retried at the next trigger (the previous checkpoint
   // and `latest` stay as they were); false: it throws. Final and signal saves always throw.
   bool continue_on_save_error = false;
-  // ZeRO-1 (DdpOptions::shard_optimizer; set by the ShardedOptimizer constructor): the optimizer holds only this
-  // rank's parameters. Each rank saves the
-  // state it holds into the same file a replicated run writes, and a resume on any number of ranks, sharded
-  // or not, loads into each rank exactly the state of the parameters its optimizer holds.
+  // Whole parameters split between ranks by the caller: each rank's optimizer holds some of the model's parameters
+  // (e.g. the owners assign_shards picks, bucketing.hpp), each parameter on one rank (set by the ShardedOptimizer
+  // constructor too, whose pieces are row ranges). Each rank saves the state it holds into the same file a
+  // replicated run writes, and a resume on any number of ranks, split or not, loads into each rank exactly the
+  // state of the parameters its optimizer holds.
   bool shard_optimizer = false;
   LoadOptions load;
 };
@@ -104,7 +105,7 @@ class Checkpointer {
   // with MPI-IO (h5ddp/mpi_comm.hpp; e.g. MpiComm::dup(MPI_COMM_WORLD)).
   Checkpointer(MpiComm& comm, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                CheckpointerOptions options = {});
-  // Collective. ZeRO-1/2: the optimizer of a ShardedOptimizer (options.shard_optimizer is set from it); the
+  // Collective. ZeRO-1/2/3: the optimizer of a ShardedOptimizer (options.shard_optimizer is set from it); the
   // state of parameters split between ranks is saved and loaded as row pieces of the one file's datasets.
   Checkpointer(MpiComm& comm, torch::nn::Module& model, ShardedOptimizer& optimizer, CheckpointerOptions options = {});
   // Waits for a background save (a committed checkpoint is never abandoned); never throws.

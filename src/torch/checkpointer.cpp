@@ -223,9 +223,9 @@ Checkpointer::Checkpointer(MpiComm& comm, torch::nn::Module& model, torch::optim
       options_(std::move(options)),
       impl_(std::make_unique<Impl>(model, optimizer, options_.shard_optimizer,
                                    sharded ? sharded->pieces() : std::vector<ParamPiece>{},
-                                   sharded && sharded->ddp().options().stage() == ShardStage::kParameters)) {
+                                   sharded && std::string(sharded->wrapper().shard_name()) == "parameters")) {
   if (sharded)
-    impl_->shard = shard_stage_name(sharded->ddp().options().stage());
+    impl_->shard = sharded->wrapper().shard_name();
   else if (options_.shard_optimizer)
     impl_->shard = "optimizer (whole parameters)";
   std::error_code ec;

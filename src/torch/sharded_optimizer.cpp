@@ -4,24 +4,20 @@
 
 namespace h5ddp {
 
-ShardedOptimizer::ShardedOptimizer(DistributedDataParallel& ddp, const Factory& make) : ddp_(ddp) {
-  if (!ddp.options().sharded())
-    throw ConfigError(
-        "ShardedOptimizer: the DistributedDataParallel was built without DdpOptions::shard, so every rank holds "
-        "every gradient; set it (ZeRO-1/2) or use a plain optimizer over model->parameters()");
-  local_ = make(ddp.owned_parameters());
+ShardedOptimizer::ShardedOptimizer(ShardedDataParallel& dp, const Factory& make) : dp_(dp) {
+  local_ = make(dp.owned_parameters());
   if (local_ == nullptr) throw ConfigError("ShardedOptimizer: the optimizer factory returned null");
 }
 
 void ShardedOptimizer::step() {
   local_->step();
-  ddp_.gather_parameters();
+  dp_.gather_parameters();
 }
 
 std::vector<ParamPiece> ShardedOptimizer::pieces() const {
   std::vector<ParamPiece> out;
-  for (const OwnedPiece& p : ddp_.owned_pieces())
-    out.push_back(ParamPiece{ddp_.parameter_names()[p.index], p.row_begin, p.row_end, p.tensor});
+  for (const OwnedPiece& p : dp_.owned_pieces())
+    out.push_back(ParamPiece{dp_.parameter_names()[p.index], p.row_begin, p.row_end, p.tensor});
   return out;
 }
 

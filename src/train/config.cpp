@@ -197,11 +197,15 @@ po::options_description training_options(TrainConfig& c, Switches& sw) {
                       "how much training state is split between ranks (docs/SHARDING.md): none | optimizer "
                       "(ZeRO-1: each rank keeps the optimizer state of its range of every gradient bucket, rows "
                       "of tensors, so a large matrix is split) | gradients (ZeRO-2: and only its range of the "
-                      "averaged gradients) | parameters (ZeRO-3: and only its range of the weights, each layer "
-                      "gathered before its forward and again before its backward; a --model-file's forward must "
-                      "chain its top-level children, as an nn.Sequential does). Gradients are reduce-scattered, "
+                      "averaged gradients) | parameters (ZeRO-3: and only its range of the weights, each unit (a "
+                      "submodule, --shard-unit-params) gathered before its forward and again before its "
+                      "backward; a --model-file's forward may be any TorchScript). Gradients are reduce-scattered, "
                       "parameters all-gathered. Checkpoints are the same file at every stage and resume at any "
                       "stage on any number of ranks");
+  train.add_options()("shard-unit-params", po::value(&c.shard_unit_params)->default_value(c.shard_unit_params),
+                      "--shard parameters with a --model-file: a submodule holding at most N parameter elements "
+                      "becomes a unit gathered as one (larger ones are split into their children; a layer "
+                      "without children is one unit whatever its size); 0 = a quarter of the model");
   train.add_options()("shard-optimizer", po::bool_switch(&sw.shard_optimizer), "the same as --shard optimizer");
   train.add_options()("no-metrics", po::bool_switch(&sw.no_metrics),
                       "do not append to RUN_DIR/metrics.jsonl (docs/METRICS.md)");
@@ -287,6 +291,7 @@ void apply_choices(TrainConfig& c, const Switches& sw) {
   require(!sw.shard_optimizer || c.shard == ShardOption::kNone || c.shard == ShardOption::kOptimizer, "shard", sw.shard,
           "conflicts with --shard-optimizer (which means --shard optimizer)");
   if (sw.shard_optimizer) c.shard = ShardOption::kOptimizer;
+  require(c.shard_unit_params >= 0, "shard-unit-params", c.shard_unit_params, "must be 0 (automatic) or positive");
   c.checkpoint_write = choice(
       "checkpoint-write", sw.checkpoint_write,
       Words<WriteMode>{{"auto", WriteMode::kAuto}, {"direct", WriteMode::kDirect}, {"mpiio", WriteMode::kMpiio}});

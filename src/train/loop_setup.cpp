@@ -30,12 +30,4 @@ CheckpointerOptions checkpointer_options(const TrainConfig& c) {
   return o;  // shard_optimizer: set by the Checkpointer from the ShardedOptimizer
 }
 
-DdpOptions ddp_options(const TrainConfig& c, const Compute& compute, Comm* device_comm) {
-  DdpOptions o;
-  o.device_comm = device_comm;
-  o.reduce_bf16 = compute.bf16 && compute.device.is_cuda();      // NCCL sums bf16; MPI cannot
-  o.shard = static_cast<ShardStage>(static_cast<int>(c.shard));  // the same stages 0-3 in the same order
-  return o;
-}
-
 }  // namespace h5ddp

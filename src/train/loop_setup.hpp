@@ -1,4 +1,4 @@
-// h5ddp-train's options as the library's objects: the optimizer, the DDP options and the Checkpointer options
+// h5ddp-train's options as the library's objects: the optimizer and the Checkpointer options
 // an adopter's own loop would fill in by hand (tools/examples/own_loop.cpp).
 #pragma once
 
@@ -8,8 +8,6 @@
 #include <vector>
 
 #include "h5ddp/checkpointer.hpp"
-#include "h5ddp/ddp.hpp"
-#include "train/batch.hpp"
 #include "train/config.hpp"
 
 namespace h5ddp {
@@ -20,8 +18,5 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& confi
 
 // Local. The run dir, save triggers, retention, async/fsync, load strategy, --on-save-error.
 CheckpointerOptions checkpointer_options(const TrainConfig& config);
-
-// Local. --shard; on CUDA the NCCL communicator (`device_comm`) and bf16 gradient reduction.
-DdpOptions ddp_options(const TrainConfig& config, const Compute& compute, Comm* device_comm);
 
 }  // namespace h5ddp

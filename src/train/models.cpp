@@ -1,5 +1,7 @@
 #include "train/models.hpp"
 
+#include <algorithm>
+
 #include "h5ddp/ddp.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/script_module.hpp"
@@ -68,6 +70,16 @@ std::shared_ptr<Model> make_model(const ModelSpec& spec) {
   throw ConfigError("unknown model '" + spec.name + "' (cnn | mlp)");
 }
 
+namespace {
+// A layer that holds parameters is a unit (FsdpOptions' default: top-level children); the others just run.
+UnitRunner unit_runner(FullyShardedDataParallel& fsdp) {
+  return [&fsdp](const std::string& unit, const std::function<torch::Tensor()>& forward) {
+    const auto& units = fsdp.unit_names();
+    return std::find(units.begin(), units.end(), unit) != units.end() ? fsdp.run_unit(unit, forward) : forward();
+  };
+}
+}  // namespace
+
 TrainModel build_train_model(const ModelSpec& spec) {
   TrainModel m;
   if (!spec.file.empty()) {
@@ -80,7 +92,11 @@ TrainModel build_train_model(const ModelSpec& spec) {
               {"model_hash", script->code_hash()},
               {"model_file", spec.file}};
     m.forward = [script](const torch::Tensor& x) { return script->forward(x); };
-    m.set_unit_runner = [script](UnitRunner run) { script->set_unit_runner(std::move(run)); };
+    m.units = [script](int64_t /*max_unit_params*/) {
+      FsdpOptions o;  // the top-level children, each run in turn (set_unit_runner checks the forward is a chain)
+      return o;
+    };
+    m.attach_units = [script](FullyShardedDataParallel& fsdp) { script->set_unit_runner(unit_runner(fsdp)); };
     m.module = script;
     return m;
   }
@@ -93,7 +109,8 @@ TrainModel build_train_model(const ModelSpec& spec) {
     m.meta.emplace_back("mlp_hidden", w);
   }
   m.forward = [builtin](const torch::Tensor& x) { return builtin->forward(x); };
-  m.set_unit_runner = [builtin](UnitRunner run) { builtin->set_unit_runner(std::move(run)); };
+  m.units = [](int64_t /*max_unit_params*/) { return FsdpOptions{}; };  // the layers: top-level children
+  m.attach_units = [builtin](FullyShardedDataParallel& fsdp) { builtin->set_unit_runner(unit_runner(fsdp)); };
   m.module = builtin;
   return m;
 }

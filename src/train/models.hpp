@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "h5ddp/fsdp.hpp"
 #include "h5ddp/script_module.hpp"
 #include "train/config.hpp"
 
@@ -72,8 +73,10 @@ struct TrainModel {
   std::shared_ptr<torch::nn::Module> module;
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   std::string description;  // one line
-  // Shard stage 3: runs each unit (layer, or top-level child of a script) of `forward` through the runner.
-  std::function<void(UnitRunner)> set_unit_runner;
+  // --shard parameters: the units of `module` (a script's: by size, --shard-unit-params, and by what its forward
+  // calls; a built-in model's: its layers), then attach_units makes `forward` run them through the wrapper.
+  std::function<FsdpOptions(int64_t max_unit_params)> units;
+  std::function<void(FullyShardedDataParallel&)> attach_units;
   // /meta strings: "model" (cnn | mlp | torchscript) and its settings; for a script also model_class,
   // model_hash (its code) and model_file.
   std::vector<std::pair<std::string, std::string>> meta;

@@ -2,9 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -13,12 +10,10 @@
 
 #include "h5ddp/checkpointer.hpp"
 #include "h5ddp/clock.hpp"
-#include "h5ddp/ddp.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/log.hpp"
 #include "h5ddp/nccl_comm.hpp"  // declares NcclComm in CUDA builds only
 #include "h5ddp/sampler.hpp"
-#include "h5ddp/sharded_optimizer.hpp"
 #include "h5ddp/stop_signal.hpp"
 #include "h5ddp/torch_state.hpp"
 #include "train/batch.hpp"
@@ -29,6 +24,7 @@
 #include "train/loop_setup.hpp"
 #include "train/lr_schedule.hpp"
 #include "train/models.hpp"
+#include "train/parallel_model.hpp"
 #include "train/progress.hpp"
 #include "train/resume_hint.hpp"
 #include "train/run_log.hpp"
@@ -68,17 +64,7 @@ class Trainer {
         validate_environment(config_);
       });
       torch::set_num_threads(config_.threads);
-      if (config_.shard != ShardOption::kNone) {
-#if defined(__GLIBC__)
-        // Sharded stages exist to save memory, and they allocate and free a layer's gradient (ZeRO-2, 3) and weights
-        // (ZeRO-3) every step. Above 1 MiB glibc then maps and unmaps, so freed memory goes back to the system
-        // instead of staying resident in the heap (its dynamic threshold would rise to 32 MiB): peak RSS per rank
-        // 1132 -> 913 MiB (ZeRO-3) and 1388 -> 1255 MiB (ZeRO-2) in docs/BENCHMARKS.md's 130 M-parameter run.
-        mallopt(M_MMAP_THRESHOLD, 1 << 20);
-#endif
-      } else {
-        keep_freed_memory_in_heap();  // evaluations free their activations every batch
-      }
+      ParallelModel::tune_heap(config_);
       load_data();
       build_model();
       start();
@@ -94,9 +80,7 @@ class Trainer {
   }
 
  private:
-  bool evaluates() const {
-    return config_.evaluate || config_.eval_every_steps > 0 || config_.eval_every_epoch;
-  }
+  bool evaluates() const { return config_.evaluate || config_.eval_every_steps > 0 || config_.eval_every_epoch; }
 
   // Collective. Fashion-MNIST (every rank holds the small set) or --data FILE.h5 (each rank reads its rows).
   void load_data() {
@@ -115,53 +99,15 @@ class Trainer {
     compute_ = device.compute;
     device_comm_ = std::move(device.device_comm);
     check_data_fits_model(model_, *train_set_, test_set_.get(), compute_, config_.keep_best, comm_);
-    if (config_.shard ==
-        ShardOption::kParameters)  // ZeRO-3: every forward runs the model's units through DDP, which gathers
-      agreed(comm_, [&] {
-        model_.set_unit_runner([this](const std::string& unit, const std::function<torch::Tensor()>& forward) {
-          const auto& units = ddp_->unit_names();
-          return std::find(units.begin(), units.end(), unit) != units.end() ? ddp_->run_unit(unit, forward) : forward();
-        });
-      });
-    ddp_ = std::make_unique<DistributedDataParallel>(comm_, *model_.module,
-                                                     ddp_options(config_, compute_, device_comm_.get()));
-    // After the move to the device (state there); sharded: over this rank's parameters only.
-    const auto make = [&](std::vector<torch::Tensor> p) { return make_optimizer(config_, std::move(p)); };
-    if (config_.shard != ShardOption::kNone) {
-      sharded_ = std::make_unique<ShardedOptimizer>(*ddp_, make);
-      ckpt_ = std::make_unique<Checkpointer>(comm_, *model_.module, *sharded_, checkpointer_options(config_));
-    } else {
-      optimizer_ = make(unique_parameters(*model_.module));
-      ckpt_ = std::make_unique<Checkpointer>(comm_, *model_.module, *optimizer_, checkpointer_options(config_));
-    }
+    parallel_ = std::make_unique<ParallelModel>(config_, comm_, model_, compute_, device_comm_.get());
+    ckpt_ = parallel_->checkpointer(comm_, checkpointer_options(config_));
     seed_rank_rng(config_.seed, comm_.rank());
     if (root_) log::root_info("model: " + model_.description);
-    if (sharded_ && comm_.size() == 1 && root_)
-      log::root_info(std::string("note: --shard ") + option_word(config_.shard) +
-                     " at 1 rank splits nothing (the one rank holds every range) and saves no memory; its "
-                     "checkpoints resume under any --shard at any rank count");
-    if (sharded_ && comm_.size() > 1) log_shards();
+    parallel_->log_shards();
     for (const auto& [key, value] : model_.meta) ckpt_->set_meta(key, value);
     if (!config_.data_file.empty()) ckpt_->set_meta("data_file", config_.data_file);  // h5ddp-ckpt eval's default
     ckpt_->data().seed = config_.seed;
     ckpt_->data().global_batch = config_.batch_size;
-  }
-
-  // Collective. Rank 0 logs how many parameter elements each rank's optimizer holds (--shard).
-  void log_shards() {
-    int64_t owned = 0;
-    for (const auto& piece : ddp_->owned_pieces()) owned += piece.tensor.numel();
-    std::vector<int64_t> all(comm_.size());
-    comm_.allgather(&owned, all.data(), 1, DType::kI64);
-    if (!root_) return;
-    std::string list;
-    int64_t total = 0;
-    for (int64_t n : all) list += (list.empty() ? "" : ", ") + std::to_string(n), total += n;
-    const auto [lo, hi] = std::minmax_element(all.begin(), all.end());
-    log::root_info(std::string("shard: ") + option_word(config_.shard) +
-                   "; parameter elements whose optimizer state each rank holds: " + list + " (largest " +
-                   std::to_string(static_cast<double>(*hi) * comm_.size() / std::max<int64_t>(1, total)) +
-                   " x the even share, smallest " + std::to_string(*lo) + ")");
   }
 
   // Collective. --resume auto | PATH | none, --init-from (run_start.hpp); the run log starts; keep-best takes over.
@@ -204,9 +150,7 @@ class Trainer {
     log_.set_interval(config_.log_every > 0 ? config_.log_every : std::max<int64_t>(1, total_steps_ / 200));
   }
 
-  bool done() const {
-    return ckpt_->step() >= total_steps_ || ckpt_->data().epoch >= config_.epochs;
-  }
+  bool done() const { return ckpt_->step() >= total_steps_ || ckpt_->data().epoch >= config_.epochs; }
 
   void train() {
     progress_ = std::make_unique<Progress>(root_, config_.progress, total_steps_, config_.log_every);
@@ -257,7 +201,7 @@ class Trainer {
 
   // Collective. The evaluation and the saves a step asks for (keep-best's save after the step's own).
   void after_step(int64_t step, StepOutcome& outcome, bool eval_due) {
-    if (eval_due || outcome.save_due) ddp_->sync_buffers();  // rank 0's BatchNorm statistics everywhere
+    if (eval_due || outcome.save_due) parallel_->wrapper().sync_buffers();  // rank 0's BatchNorm statistics everywhere
     std::optional<EvalResult> eval;
     if (eval_due) eval = evaluate_now();
     const bool new_best = eval && best_ && best_->offer(eval->accuracy, step);
@@ -283,38 +227,30 @@ class Trainer {
     const int64_t k = config_.grad_accum, micro = static_cast<int64_t>(indices.size()) / k;
     double loss_sum = 0;
     for (int64_t m = 0; m < k; ++m) {
-      std::optional<DistributedDataParallel::NoSync> local;
-      if (m + 1 < k) local.emplace(ddp_->no_sync());
+      std::optional<DataParallel::NoSync> local;
+      if (m + 1 < k) local.emplace(parallel_->wrapper().no_sync());
       auto [x, y] = batch_tensors(*train_set_, {indices.begin() + m * micro, indices.begin() + (m + 1) * micro});
       x = x.to(compute_.device, /*non_blocking=*/false);
       y = y.to(compute_.device);
-      ddp_->prepare_forward();
+      parallel_->wrapper().prepare_forward();
       torch::Tensor loss;
       {
         AutocastScope autocast(compute_);
-        loss = batch_loss(train_set_->spec(), model_.forward(x), y);
+        loss = batch_loss(train_set_->spec(), parallel_->forward(x), y);
       }
       if (k > 1) loss = loss / static_cast<double>(k);
       loss.backward();
-      ddp_->finish_backward();
+      parallel_->wrapper().finish_backward();
       loss_sum += loss.item<double>();
     }
     if (config_.grad_clip > 0) {
-      grad_norm_ = ddp_->clip_grad_norm(config_.grad_clip);  // one agreed value: every rank skips alike
+      grad_norm_ = parallel_->wrapper().clip_grad_norm(config_.grad_clip);  // one agreed value: every rank skips alike
       if (!std::isfinite(*grad_norm_)) {
         skip_step();
         return loss_sum;
       }
     }
-    if (sharded_) {
-      sharded_->set_lr(lr);
-      sharded_->step();  // gathers the other ranks' parameters
-      sharded_->zero_grad();
-    } else {
-      for (auto& g : optimizer_->param_groups()) g.options().set_lr(lr);
-      optimizer_->step();
-      optimizer_->zero_grad();
-    }
+    parallel_->step(lr);
     return loss_sum;
   }
 
@@ -327,18 +263,14 @@ class Trainer {
       log::root_info("step " + std::to_string(ckpt_->step() + 1) +
                      ": the gradient norm is not finite; the optimizer step is skipped on every rank (" +
                      std::to_string(skipped_steps_) + " so far)");
-    if (sharded_) {
-      sharded_->zero_grad();
-      ddp_->gather_parameters();  // unchanged parameters; empties the gradient buckets as a step would
-    } else {
-      optimizer_->zero_grad();
-    }
+    parallel_->skip_step();
   }
 
   // Collective. Each rank scores its share of the test set.
   EvalResult evaluate() {
     model_.module->eval();
-    const ScoreSums s = score_distributed(model_.forward, *test_set_, comm_, compute_);
+    const ScoreSums s = score_distributed([this](const torch::Tensor& x) { return parallel_->forward(x); }, *test_set_,
+                                          comm_, compute_);
     model_.module->train();
     const SampleSpec& spec = test_set_->spec();
     EvalResult r{spec.classification ? s.correct / s.rows : -1, s.loss / s.rows};
@@ -392,13 +324,13 @@ class Trainer {
   void finish() {
     std::optional<EvalResult> final_eval;
     if (config_.evaluate) {
-      ddp_->sync_buffers();
+      parallel_->wrapper().sync_buffers();
       final_eval = last_eval_ && last_eval_->first == ckpt_->step() ? last_eval_->second : evaluate_for_meta();
       result_.test_accuracy = final_eval->accuracy;
       result_.test_loss = final_eval->loss;
     }
     {
-      ddp_->sync_buffers();
+      parallel_->wrapper().sync_buffers();
       auto guard =
           watch_.watch(config_.final_checkpoint ? "final checkpoint save" : "wait for the background checkpoint save",
                        StallWatch::Kind::kSave, ckpt_->step());
@@ -436,11 +368,9 @@ class Trainer {
   TrainResult result_;
   std::unique_ptr<Dataset> train_set_, test_set_;
   TrainModel model_;
-  Compute compute_;                    // --device, --precision
-  std::unique_ptr<Comm> device_comm_;  // NcclComm with --device cuda
-  std::unique_ptr<DistributedDataParallel> ddp_;
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;  // replicated
-  std::unique_ptr<ShardedOptimizer> sharded_;           // --shard optimizer|gradients (ZeRO-1/2)
+  Compute compute_;                          // --device, --precision
+  std::unique_ptr<Comm> device_comm_;        // NcclComm with --device cuda
+  std::unique_ptr<ParallelModel> parallel_;  // the model under --shard's wrapper, with its optimizer
   std::unique_ptr<Checkpointer> ckpt_;
   std::unique_ptr<DistributedSampler> sampler_;
   std::unique_ptr<Progress> progress_;

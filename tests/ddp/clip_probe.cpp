@@ -19,6 +19,7 @@
 #include "h5ddp/ddp.hpp"
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/mpi_env.hpp"
+#include "h5ddp/sharded_ddp.hpp"
 
 namespace {
 
@@ -55,10 +56,14 @@ int main(int argc, char** argv) {
   torch::manual_seed(7);
   auto net = std::make_shared<Net>();
   h5ddp::DdpOptions options;
-  options.shard_optimizer = shard;
   options.first_bucket_bytes = 4096;  // several buckets, so sharding splits the parameters over ranks
   options.bucket_cap_bytes = 8192;
-  h5ddp::DistributedDataParallel ddp(comm, *net, options);
+  std::unique_ptr<h5ddp::DataParallel> wrapper;
+  if (shard)
+    wrapper = std::make_unique<h5ddp::ShardedDataParallel>(comm, *net, h5ddp::ShardStage::kOptimizer, options);
+  else
+    wrapper = std::make_unique<h5ddp::DistributedDataParallel>(comm, *net, options);
+  h5ddp::DataParallel& ddp = *wrapper;
   torch::manual_seed(100 + comm.rank());  // each rank its own batch
   const auto x = torch::randn({32, 20}) * 3;
   const auto y = torch::randint(0, 10, {32});
@@ -76,7 +81,9 @@ int main(int argc, char** argv) {
     row_begin.push_back(0);
     mine.push_back(ddp.parameters()[i]);
   }
-  for (const auto& piece : ddp.owned_pieces()) {
+  static const std::vector<h5ddp::OwnedPiece> kNone;
+  auto* sharded = dynamic_cast<h5ddp::ShardedDataParallel*>(&ddp);
+  for (const auto& piece : sharded ? sharded->owned_pieces() : kNone) {
     held.push_back(names[piece.index]);
     row_begin.push_back(piece.row_begin);
     mine.push_back(piece.tensor);

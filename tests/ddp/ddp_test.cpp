@@ -1,4 +1,5 @@
-// DistributedDataParallel: N ranks with per-rank batch b must train exactly like 1 rank with batch N*b.
+// The three wrappers over one reducer (DistributedDataParallel, ShardedDataParallel at stages 1-2,
+// FullyShardedDataParallel): N ranks with per-rank batch b must train exactly like 1 rank with batch N*b.
 // Every rank computes the 1-rank reference locally (a copy of the model, the full batch), so the test needs
 // no other process and compares with a tolerance; parameters must also be bitwise identical across ranks.
 #include "h5ddp/ddp.hpp"
@@ -12,6 +13,7 @@
 #include <functional>
 
 #include "h5ddp/error.hpp"
+#include "h5ddp/fsdp.hpp"
 #include "h5ddp/sharded_optimizer.hpp"
 #include "h5ddp_test/test_util.hpp"
 
@@ -27,16 +29,21 @@ struct TinyNetImpl : torch::nn::Module {
     to(dtype);
   }
   torch::Tensor forward(const torch::Tensor& x, bool use_side = true) {
-    // Each layer through ddp->run_unit (shard stage 3 gathers its parameters there; other stages just run it).
+    if (fsdp) return fsdp->run_forward([&] { return body(x, use_side); });  // the root gathered around it
+    return body(x, use_side);
+  }
+  torch::Tensor body(const torch::Tensor& x, bool use_side) {
+    // Each layer that is a unit through fsdp->run_unit (which gathers its parameters there).
     auto run = [&](const char* unit, const std::function<torch::Tensor()>& f) {
-      return ddp ? ddp->run_unit(unit, f) : f();
+      const bool is_unit = fsdp && std::count(fsdp->unit_names().begin(), fsdp->unit_names().end(), unit);
+      return is_unit ? fsdp->run_unit(unit, f) : f();
     };
     auto h = run("fc1", [&] { return fc1->forward(x); });
     if (bn) h = run("bn", [&] { return bn->forward(h); });
     auto y = run("fc2", [&] { return fc2->forward(torch::tanh(h)); });
     return use_side ? y + run("side", [&] { return side->forward(x); }) : y;
   }
-  DistributedDataParallel* ddp = nullptr;
+  FullyShardedDataParallel* fsdp = nullptr;
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, side{nullptr};
   torch::nn::BatchNorm1d bn{nullptr};
 };
@@ -71,9 +78,6 @@ double max_rel_diff(const std::vector<torch::Tensor>& pa, const std::vector<torc
   }
   return worst;
 }
-double max_rel_diff(torch::nn::Module& a, torch::nn::Module& b) {
-  return max_rel_diff(a.parameters(), b.parameters());
-}
 
 // Batch for step `step`: the full N*b batch, identical on every rank.
 std::pair<torch::Tensor, torch::Tensor> full_batch(int step, int64_t rows, torch::Dtype dtype) {
@@ -91,16 +95,36 @@ std::unique_ptr<torch::optim::Optimizer> make_opt(const std::vector<torch::Tenso
   return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
 }
 
-// With options.shard_optimizer a ShardedOptimizer holds this rank's parameters only and its step() gathers the
-// others' (ZeRO-1); the result must still be the large-batch reference's.
-void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, double tol) {
+enum class Wrap { kReplicated, kStage1, kStage2, kStage3 };
+
+// The wrapper `wrap` names. Stage 3's units: `units` (empty: the top-level children).
+std::unique_ptr<DataParallel> make_wrapper(Wrap wrap, torch::nn::Module& model, DdpOptions options,
+                                           std::vector<std::string> units = {}) {
+  auto& comm = test::world();
+  if (wrap == Wrap::kReplicated) return std::make_unique<DistributedDataParallel>(comm, model, options);
+  if (wrap != Wrap::kStage3)
+    return std::make_unique<ShardedDataParallel>(
+        comm, model, wrap == Wrap::kStage1 ? ShardStage::kOptimizer : ShardStage::kGradients, options);
+  FsdpOptions f;
+  f.ddp = options;
+  f.units = std::move(units);
+  return std::make_unique<FullyShardedDataParallel>(comm, model, f);
+}
+
+// Sharded, a ShardedOptimizer holds this rank's pieces only and its step() gathers the others' (ZeRO-1/2; under
+// ZeRO-3 the next forward gathers); the result must still be the large-batch reference's.
+void run_equivalence(Opt opt_kind, Wrap wrap, DdpOptions options, torch::Dtype dtype, double tol,
+                     std::vector<std::string> units = {}) {
   auto& comm = test::world();
   const int n = comm.size(), r = comm.rank();
   const int64_t b = 3;
   torch::manual_seed(1000 + r);  // ranks start different: the constructor's broadcast must fix that
   TinyNet model(16, false, dtype);
-  DistributedDataParallel ddp(comm, *model, options);
-  model->ddp = &ddp;
+  const size_t n_units = units.empty() ? 3 : units.size();
+  std::unique_ptr<DataParallel> wrapper = make_wrapper(wrap, *model, options, std::move(units));
+  DataParallel& ddp = *wrapper;
+  auto* sharded = dynamic_cast<ShardedDataParallel*>(&ddp);
+  model->fsdp = dynamic_cast<FullyShardedDataParallel*>(&ddp);
   TinyNet ref(16, false, dtype);
   {
     torch::NoGradGuard g;  // stage 3 keeps the weights in pieces: the whole ones come from full_parameters()
@@ -109,9 +133,9 @@ void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, doubl
   }
   std::unique_ptr<ShardedOptimizer> sharded_opt;
   std::unique_ptr<torch::optim::Optimizer> plain_opt;
-  if (options.sharded())
-    sharded_opt =
-        std::make_unique<ShardedOptimizer>(ddp, [&](std::vector<torch::Tensor> p) { return make_opt(p, opt_kind); });
+  if (sharded)
+    sharded_opt = std::make_unique<ShardedOptimizer>(
+        *sharded, [&](std::vector<torch::Tensor> p) { return make_opt(p, opt_kind); });
   else
     plain_opt = make_opt(ddp.owned_parameters(), opt_kind);
   torch::optim::Optimizer& opt = sharded_opt ? sharded_opt->local() : *plain_opt;
@@ -141,13 +165,15 @@ void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, doubl
   const double diff = max_rel_diff(ddp.full_parameters(), ref->parameters());
   EXPECT_LT(diff, tol) << "after 20 steps, N=" << n;
   EXPECT_EQ(ddp.stats().steps, 20u);
-  if (options.stage() == ShardStage::kParameters) {  // the weights live in the pieces only, between uses
+  if (model->fsdp) {  // the weights live in the pieces only, between uses
     for (const auto& p : model->parameters()) EXPECT_EQ(p.storage().nbytes(), 0u);
-    // Forward (4 units) and backward (4 units again) gather each unit: twice per step, plus full_parameters().
-    EXPECT_EQ(ddp.stats().unit_gathers, 3u + 20u * (2 * 3 + 3) + 3u);  // and before and after the steps
+    // Per step: the root once (it stays for the backward), each unit in forward and again in backward, and
+    // full_parameters() per step, before the steps and after: every unit and the root once each.
+    const size_t per_full = n_units + 1;
+    EXPECT_EQ(ddp.stats().unit_gathers, per_full + 20u * (1 + 2 * n_units + per_full) + per_full);
   }
   EXPECT_EQ(ddp.stats().buckets_launched, 20u * ddp.buckets().size());
-  if (options.sharded()) {
+  if (sharded) {
     // State for this rank's pieces only, and every element's state on exactly one rank.
     EXPECT_EQ(opt.state().size(), ddp.owned_parameters().size());
     int64_t held = 0, total = 0;
@@ -160,16 +186,11 @@ void run_equivalence(Opt opt_kind, DdpOptions options, torch::Dtype dtype, doubl
     for (const auto& p : model->parameters()) total += p.numel();
     EXPECT_EQ(held, total);
     for (const auto& p : model->parameters())  // stage 1: zeroed by the gather; stage 2: not kept at all
-      if (options.stage() >= ShardStage::kGradients)
+      if (wrap == Wrap::kStage2 || wrap == Wrap::kStage3)
         EXPECT_FALSE(p.grad().defined());
       else
         EXPECT_EQ(p.grad().abs().sum().item<double>(), 0.0);
   }
-}
-
-DdpOptions sharded(DdpOptions o, ShardStage stage = ShardStage::kOptimizer) {
-  o.shard = stage;
-  return o;
 }
 
 DdpOptions small_buckets() {
@@ -180,62 +201,142 @@ DdpOptions small_buckets() {
 }
 
 TEST(Ddp, SgdMomentumMatchesLargeBatch) {
-  run_equivalence(Opt::kSgdMomentum, small_buckets(), torch::kFloat32, 1e-5);
+  run_equivalence(Opt::kSgdMomentum, Wrap::kReplicated, small_buckets(), torch::kFloat32, 1e-5);
 }
 TEST(Ddp, AdamMatchesLargeBatch) {
-  run_equivalence(Opt::kAdam, small_buckets(), torch::kFloat32, 1e-5);
+  run_equivalence(Opt::kAdam, Wrap::kReplicated, small_buckets(), torch::kFloat32, 1e-5);
 }
 TEST(Ddp, SgdMomentumMatchesLargeBatchFloat64) {
-  run_equivalence(Opt::kSgdMomentum, DdpOptions{}, torch::kFloat64, 1e-6);
+  run_equivalence(Opt::kSgdMomentum, Wrap::kReplicated, DdpOptions{}, torch::kFloat64, 1e-6);
 }
 TEST(Ddp, AdamMatchesLargeBatchFloat64) {
-  run_equivalence(Opt::kAdam, small_buckets(), torch::kFloat64, 1e-6);
+  run_equivalence(Opt::kAdam, Wrap::kReplicated, small_buckets(), torch::kFloat64, 1e-6);
 }
 
 TEST(Ddp, ShardedAdamMatchesLargeBatch) {
-  run_equivalence(Opt::kAdam, sharded(small_buckets()), torch::kFloat32, 1e-5);
+  run_equivalence(Opt::kAdam, Wrap::kStage1, small_buckets(), torch::kFloat32, 1e-5);
 }
 TEST(Ddp, ShardedSgdMomentumMatchesLargeBatchFloat64) {
-  run_equivalence(Opt::kSgdMomentum, sharded(DdpOptions{}), torch::kFloat64, 1e-6);
-}
-TEST(Ddp, ShardedOptimizerAliasStillWorks) {  // DdpOptions::shard_optimizer: the same as ShardStage::kOptimizer
-  DdpOptions o = small_buckets();
-  o.shard_optimizer = true;
-  EXPECT_EQ(o.stage(), ShardStage::kOptimizer);
-  run_equivalence(Opt::kAdam, o, torch::kFloat32, 1e-5);
+  run_equivalence(Opt::kSgdMomentum, Wrap::kStage1, DdpOptions{}, torch::kFloat64, 1e-6);
 }
 TEST(Ddp, Stage2AdamMatchesLargeBatch) {
-  run_equivalence(Opt::kAdam, sharded(small_buckets(), ShardStage::kGradients), torch::kFloat32, 1e-5);
+  run_equivalence(Opt::kAdam, Wrap::kStage2, small_buckets(), torch::kFloat32, 1e-5);
 }
 TEST(Ddp, Stage2SgdMomentumMatchesLargeBatchFloat64) {
-  run_equivalence(Opt::kSgdMomentum, sharded(DdpOptions{}, ShardStage::kGradients), torch::kFloat64, 1e-6);
+  run_equivalence(Opt::kSgdMomentum, Wrap::kStage2, DdpOptions{}, torch::kFloat64, 1e-6);
 }
 TEST(Ddp, Stage3AdamMatchesLargeBatch) {
-  run_equivalence(Opt::kAdam, sharded(DdpOptions{}, ShardStage::kParameters), torch::kFloat32, 1e-5);
+  run_equivalence(Opt::kAdam, Wrap::kStage3, DdpOptions{}, torch::kFloat32, 1e-5);
 }
 TEST(Ddp, Stage3SgdMomentumMatchesLargeBatchFloat64) {
-  run_equivalence(Opt::kSgdMomentum, sharded(DdpOptions{}, ShardStage::kParameters), torch::kFloat64, 1e-6);
+  run_equivalence(Opt::kSgdMomentum, Wrap::kStage3, DdpOptions{}, torch::kFloat64, 1e-6);
 }
-TEST(Ddp, Stage3RefusesAParameterOutsideEveryUnitOnEveryRank) {
-  auto& comm = test::world();
+// A layer in no unit joins the root, gathered for the whole forward and backward.
+TEST(Ddp, Stage3RootHoldsTheParametersOutsideEveryUnit) {
+  run_equivalence(Opt::kAdam, Wrap::kStage3, DdpOptions{}, torch::kFloat32, 1e-5, {"fc1", "fc2"});
   TinyNet model;
-  DdpOptions o = sharded(DdpOptions{}, ShardStage::kParameters);
+  FsdpOptions o;
   o.units = {"fc1", "fc2"};  // "side" is in no unit
-  try {
-    DistributedDataParallel ddp(comm, *model, o);
-    ADD_FAILURE() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no unit holds the parameters 'side.weight', 'side.bias'"), std::string::npos)
-        << e.what();
-  }
+  FullyShardedDataParallel fsdp(test::world(), *model, o);
+  EXPECT_EQ(fsdp.root_parameter_names(), (std::vector<std::string>{"side.weight", "side.bias"}));
 }
 
-TEST(Ddp, ShardedOptimizerRefusesAReplicatedDdp) {
+// Tied: one tensor under a name in each of two units. It is one parameter (one gradient reduction, one piece
+// set), held by the root; training equals the untied reference whose two uses share the weight.
+struct LinearOf : torch::nn::Module {
+  explicit LinearOf(const torch::Tensor& w) {
+    weight = register_parameter("weight", w);
+    bias = register_parameter("bias", torch::randn({w.size(0)}) * 0.1);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight, bias); }
+  torch::Tensor weight, bias;
+};
+struct TiedNetImpl : torch::nn::Module {
+  TiedNetImpl() {
+    const torch::Tensor w = torch::randn({8, 8}) * 0.3;
+    a = register_module("a", std::make_shared<LinearOf>(w));
+    b = register_module("b", std::make_shared<LinearOf>(w));  // b.weight is a.weight: one tensor, two names
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto run = [&](const char* unit, const std::function<torch::Tensor()>& f) {
+      return fsdp ? fsdp->run_unit(unit, f) : f();
+    };
+    auto h = run("a", [&] { return torch::tanh(a->forward(x)); });
+    return run("b", [&] { return b->forward(h); });
+  }
+  FullyShardedDataParallel* fsdp = nullptr;
+  std::shared_ptr<LinearOf> a, b;
+};
+TORCH_MODULE(TiedNet);
+
+TEST(Ddp, Stage3TiedWeightIsOneParameterInTheRoot) {
   auto& comm = test::world();
+  const int n = comm.size(), r = comm.rank();
+  torch::manual_seed(7);
+  TiedNet model, ref;
+  {
+    torch::NoGradGuard g;
+    auto from = unique_parameters(*model), to = unique_parameters(*ref);
+    ASSERT_EQ(from.size(), 3u);  // a.weight (= b.weight), a.bias, b.bias
+    for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+  }
+  FullyShardedDataParallel fsdp(comm, *model);
+  model->fsdp = &fsdp;
+  EXPECT_EQ(fsdp.parameters().size(), 3u);
+  EXPECT_EQ(fsdp.root_parameter_names(), std::vector<std::string>{"a.weight"});
+  ShardedOptimizer opt(fsdp, [](std::vector<torch::Tensor> p) { return make_opt(p, Opt::kAdam); });
+  auto ref_opt = make_opt(unique_parameters(*ref), Opt::kAdam);
+  for (int step = 0; step < 5; ++step) {
+    auto [x, y] = full_batch(step, 4 * n, torch::kFloat32);
+    y = y.repeat({1, 2});
+    fsdp.prepare_forward();
+    auto out = fsdp.run_forward([&] { return model->forward(x.narrow(0, r * 4, 4)); });
+    torch::mse_loss(out, y.narrow(0, r * 4, 4)).backward();
+    fsdp.finish_backward();
+    opt.step();
+    opt.zero_grad();
+    torch::mse_loss(ref->forward(x), y).backward();
+    ref_opt->step();
+    ref_opt->zero_grad();
+  }
+  EXPECT_LT(max_rel_diff(fsdp.full_parameters(), unique_parameters(*ref)), 1e-5);
+}
+
+TEST(Ddp, Stage3RefusesBadUnitsAndViewsOnEveryRank) {
+  auto& comm = test::world();
+  const auto refused = [&](torch::nn::Module& m, std::vector<std::string> units, const std::string& needle) {
+    FsdpOptions o;
+    o.units = std::move(units);
+    try {
+      FullyShardedDataParallel fsdp(comm, m, o);
+      ADD_FAILURE() << "expected an error containing: " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
   TinyNet model;
-  DistributedDataParallel ddp(comm, *model);
-  EXPECT_THROW(ShardedOptimizer(ddp, [](std::vector<torch::Tensor> p) { return make_opt(p, Opt::kAdam); }),
-               ConfigError);
+  refused(*model, {"fc1", "nope"}, "unit 'nope' is not a submodule");
+  torch::nn::ModuleList nested(torch::nn::ModuleList(torch::nn::Linear(4, 4)), torch::nn::Linear(4, 2));
+  refused(*nested, {"0", "0.0"}, "unit '0.0' is inside unit '0'");
+  struct Viewed : torch::nn::Module {
+    Viewed() {
+      auto whole = register_parameter("whole", torch::zeros({4, 4}));
+      register_parameter("half", whole.detach().narrow(0, 0, 2));  // a view of another parameter's storage
+    }
+  };
+  Viewed viewed;
+  refused(viewed, {}, "'half' is a view of, or shares, another tensor's");
+}
+
+// The size policy: top-down, a module under the limit (or a layer without children) is a unit.
+TEST(Ddp, UnitsBySizeDescendIntoLargeContainers) {
+  torch::nn::ModuleList blocks(torch::nn::ModuleList(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8)),
+                               torch::nn::ModuleList(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8)),
+                               torch::nn::Linear(8, 100));
+  // 72 per Linear(8, 8), 900 for the last: the limit 150 keeps each block whole, the big layer alone.
+  EXPECT_EQ(units_by_size(*blocks, 150), (std::vector<std::string>{"0", "1", "2"}));
+  EXPECT_EQ(units_by_size(*blocks, 100), (std::vector<std::string>{"0.0", "0.1", "1.0", "1.1", "2"}));
+  EXPECT_EQ(units_by_size(*blocks, 0), (std::vector<std::string>{"0", "1", "2"}));  // a quarter: 1188 / 4 = 297
 }
 
 // Element ranges: every row of every parameter on exactly one rank, each rank's share of each bucket within a
@@ -245,7 +346,7 @@ TEST(Ddp, PiecesTileEveryParameterAndSplitTheLargeMatrix) {
   const int n = comm.size();
   torch::nn::Sequential model(torch::nn::Linear(64, 200), torch::nn::ReLU(), torch::nn::Linear(200, 3));
   for (ShardStage stage : {ShardStage::kOptimizer, ShardStage::kGradients}) {
-    DistributedDataParallel ddp(comm, *model, sharded(DdpOptions{}, stage));
+    ShardedDataParallel ddp(comm, *model, stage);
     const auto& params = ddp.parameters();
     // rows[r * P + i]: rows of parameter i rank r owns; first[r * P + i]: its first row (-1: none).
     std::vector<int64_t> rows(params.size() * n, 0), first(params.size() * n, -1), mine(params.size(), 0),

@@ -1,0 +1,252 @@
+#include "h5ddp/fsdp.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "h5ddp/clock.hpp"
+#include "h5ddp/error.hpp"
+
+namespace h5ddp {
+namespace {
+
+using ImplSet = std::set<const void*>;
+
+// Parameter elements in `m` and below, each tensor once (counted into `seen`).
+int64_t subtree_params(const torch::nn::Module& m, ImplSet& seen) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters(/*recurse=*/true))
+    if (seen.insert(p.unsafeGetTensorImpl()).second) n += p.numel();
+  return n;
+}
+
+bool children_hold_parameters(const torch::nn::Module& m) {
+  for (const auto& c : m.children())
+    if (!c->parameters(/*recurse=*/true).empty()) return true;
+  return false;
+}
+
+void pick_units(const torch::nn::Module& m, const std::string& name, int64_t max_params,
+                std::vector<std::string>& out) {
+  for (const auto& child : m.named_children()) {
+    const std::string path = name.empty() ? child.key() : name + "." + child.key();
+    const torch::nn::Module& c = *child.value();
+    ImplSet seen;
+    const int64_t n = subtree_params(c, seen);
+    if (n == 0) continue;
+    if (n <= max_params || !children_hold_parameters(c))
+      out.push_back(path);
+    else
+      pick_units(c, path, max_params, out);
+  }
+}
+
+bool under(const std::string& name, const std::string& unit) {
+  return name.size() > unit.size() && name.compare(0, unit.size(), unit) == 0 && name[unit.size()] == '.';
+}
+
+}  // namespace
+
+std::vector<std::string> units_by_size(const torch::nn::Module& module, int64_t max_params) {
+  if (max_params <= 0) {
+    ImplSet seen;
+    max_params = std::max<int64_t>(1, subtree_params(module, seen) / 4);
+  }
+  std::vector<std::string> out;
+  pick_units(module, "", max_params, out);
+  return out;
+}
+
+FullyShardedDataParallel::FullyShardedDataParallel(Comm& comm, torch::nn::Module& module, FsdpOptions options)
+    : ShardedDataParallel(comm, module, options.ddp, "FullyShardedDataParallel", /*own_rows=*/true) {
+  const std::string problem = resolve_units(options);
+  std::string line = "shard=parameters";
+  for (const auto& u : unit_names_) line += " unit=" + u;
+  for (size_t i : units_.back().params) line += " root=" + param_names_[i];
+  check_same_model(problem, line);
+  build();
+}
+
+std::string FullyShardedDataParallel::resolve_units(const FsdpOptions& options) {
+  unit_names_ = options.units;
+  if (unit_names_.empty())
+    for (const auto& child : module_->named_children())
+      if (!child.value()->parameters(/*recurse=*/true).empty()) unit_names_.push_back(child.key());
+  units_.assign(unit_names_.size() + 1, Unit{});
+  param_unit_.assign(params_.size(), root());
+  param_nbytes_.assign(params_.size(), 0);
+  const auto modules = module_->named_modules("", /*include_self=*/false);
+  for (const auto& u : unit_names_) {
+    if (!modules.contains(u)) return "FullyShardedDataParallel: unit '" + u + "' is not a submodule of the model";
+    for (const auto& v : unit_names_)
+      if (under(v, u))
+        return "FullyShardedDataParallel: unit '" + v + "' is inside unit '" + u + "' (units do not nest)";
+  }
+  const auto unit_of = [&](const std::string& name) {
+    for (size_t u = 0; u < unit_names_.size(); ++u)
+      if (under(name, unit_names_[u])) return u;
+    return root();
+  };
+  std::vector<const void*> storages;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const torch::Tensor& p = params_[i];
+    std::vector<std::string> names = param_aliases_[i];
+    names.insert(names.begin(), param_names_[i]);
+    // Every name in one unit, and none read outside it: that unit's. Otherwise the root's (tied across units).
+    size_t u = unit_of(names.front());
+    for (const auto& n : names)
+      if (unit_of(n) != u ||
+          std::find(options.root_parameters.begin(), options.root_parameters.end(), n) != options.root_parameters.end())
+        u = root();
+    param_unit_[i] = u;
+    units_[u].params.push_back(i);
+    const void* storage = p.storage().unsafeGetStorageImpl();
+    if (p.storage_offset() != 0 || p.storage().nbytes() != p.nbytes() || !p.is_contiguous() ||
+        std::find(storages.begin(), storages.end(), storage) != storages.end())
+      return "FullyShardedDataParallel frees each parameter's storage between uses, so each must own its storage "
+             "whole; '" +
+             param_names_[i] + "' is a view of, or shares, another tensor's";
+    storages.push_back(storage);
+    param_nbytes_[i] = p.nbytes();
+  }
+  return "";
+}
+
+std::vector<std::string> FullyShardedDataParallel::root_parameter_names() const {
+  std::vector<std::string> out;
+  for (size_t i : units_.back().params) out.push_back(param_names_[i]);
+  return out;
+}
+
+std::vector<BucketSpec> FullyShardedDataParallel::layout(const std::vector<size_t>& nbytes,
+                                                         const std::vector<int>& /*group*/) const {
+  // A bucket per parameter (backward order), so a unit's gradients leave as soon as they are ready, each reduced in
+  // autograd's own tensor (adopt_gradient), and a unit is gathered straight into its parameters.
+  std::vector<BucketSpec> out;
+  for (size_t i = params_.size(); i-- > 0;) out.push_back(BucketSpec{{i}, nbytes[i]});
+  return out;
+}
+
+size_t FullyShardedDataParallel::unit_index(const std::string& unit) const {
+  auto it = std::find(unit_names_.begin(), unit_names_.end(), unit);
+  if (it == unit_names_.end()) throw ConfigError("FullyShardedDataParallel: '" + unit + "' is not a unit of the model");
+  return static_cast<size_t>(it - unit_names_.begin());
+}
+
+torch::Tensor FullyShardedDataParallel::run_unit(const std::string& unit,
+                                                 const std::function<torch::Tensor()>& forward) {
+  const size_t u = unit_index(unit);
+  enter_unit(u);
+  torch::Tensor out;
+  try {
+    out = forward();
+  } catch (...) {
+    release_unit(u);
+    throw;
+  }
+  exit_unit(u, out);
+  return out;
+}
+
+torch::Tensor FullyShardedDataParallel::run_forward(const std::function<torch::Tensor()>& forward) {
+  begin_forward();
+  torch::Tensor out;
+  try {
+    out = forward();
+  } catch (...) {
+    end_forward(torch::Tensor());
+    throw;
+  }
+  end_forward(out);
+  return out;
+}
+
+void FullyShardedDataParallel::begin_forward() {
+  gather_unit(root());
+}
+
+void FullyShardedDataParallel::enter_unit(size_t unit) {
+  H5DDP_CHECK(unit < unit_names_.size(), "FullyShardedDataParallel: no unit " + std::to_string(unit));
+  gather_unit(unit);
+}
+
+void FullyShardedDataParallel::exit_unit(size_t unit, const torch::Tensor& out) {
+  // Autograd reaches the hook with the output's gradient, before the unit's own backward: gather it again then.
+  if (out.defined() && out.requires_grad())
+    const_cast<torch::Tensor&>(out).register_hook([this, unit](const torch::Tensor&) { regather_unit(unit); });
+  release_unit(unit);
+}
+
+void FullyShardedDataParallel::end_forward(const torch::Tensor& out) {
+  if (!out.defined()) {  // the forward threw: nothing stays gathered
+    for (size_t u = 0; u < units_.size(); ++u) release_unit(u);
+    return;
+  }
+  // With a backward to come the root stays until its gradients are accumulated (gradient_done) or the step ends.
+  if (!(torch::GradMode::is_enabled() && out.requires_grad())) release_unit(root());
+}
+
+std::vector<torch::Tensor> FullyShardedDataParallel::full_parameters() {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> out(params_.size());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const bool was = units_[u].gathered;
+    gather_unit(u);
+    for (size_t i : units_[u].params) out[i] = params_[i].detach().clone();
+    if (!was) release_unit(u);
+  }
+  return out;
+}
+
+void FullyShardedDataParallel::gather_parameters() {
+  H5DDP_CHECK(!armed_ || next_launch_ == 0, "FullyShardedDataParallel: a step while gradient buckets are in flight");
+  for (auto& st : bucket_state_) st->shard_grad.zero_();  // the next forward gathers the stepped rows
+}
+
+void FullyShardedDataParallel::regather_unit(size_t u) {
+  gather_unit(u);
+  // The gradients of the units after this one were launched while this gather ran; keeping only this rank's range
+  // of them now, before this unit's backward allocates its own, holds one unit's gradients at a time.
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (armed_ && !no_sync_)
+    for (size_t b = 0; b < next_launch_; ++b) release_bucket(b);
+}
+
+void FullyShardedDataParallel::gather_unit(size_t u) {
+  Unit& unit = units_[u];
+  if (unit.gathered) return;
+  const auto t0 = Clock::now();
+  torch::NoGradGuard no_grad;
+  for (size_t i : unit.params) {
+    const torch::Tensor& p = params_[i];
+    allocate_storage(p, param_nbytes_[i]);
+    if (param_piece_[i] != SIZE_MAX) {  // this rank's rows first, through an alias (the parameter's version stays)
+      const OwnedPiece& piece = pieces_[param_piece_[i]];
+      alias(p, piece.row_begin * row_numel(p), piece.tensor.sizes()).copy_(piece.tensor);
+    }
+    Bucket& st = *bucket_state_[param_[i].bucket];
+    if (st.comm->size() > 1) st.comm->allgatherv(p.data_ptr(), st.counts, to_dtype(p.scalar_type()));
+  }
+  unit.gathered = true;
+  unit.grads_left = unit.params.size();
+  ++stats_.unit_gathers;
+  stats_.gather_seconds += seconds_since(t0);
+}
+
+void FullyShardedDataParallel::release_unit(size_t u) {
+  Unit& unit = units_[u];
+  if (!unit.gathered) return;
+  for (size_t i : unit.params) free_storage(params_[i]);
+  unit.gathered = false;
+}
+
+void FullyShardedDataParallel::gradient_done(size_t index) {
+  Unit& unit = units_[param_unit_[index]];
+  if (unit.grads_left > 0 && --unit.grads_left == 0) release_unit(param_unit_[index]);
+}
+
+double FullyShardedDataParallel::reductions_done(size_t unused_here) {
+  for (size_t u = 0; u < units_.size(); ++u) release_unit(u);  // a unit some gradient never reached
+  return ShardedDataParallel::reductions_done(unused_here);
+}
+
+}  // namespace h5ddp
