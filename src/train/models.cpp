@@ -80,7 +80,14 @@ TrainModel build_train_model(const ModelSpec& spec) {
               {"model_hash", script->code_hash()},
               {"model_file", spec.file}};
     m.forward = [script](const torch::Tensor& x) { return script->forward(x); };
-    m.set_unit_runner = [script](UnitRunner run) { script->set_unit_runner(std::move(run)); };
+    // DistributedDataParallel::run_unit runs a unit's forward as a closure; a script's units are reported as
+    // calls around the interpreter's own (ScriptModule::set_unit_calls), which FullyShardedDataParallel drives.
+    m.set_unit_runner = [path = spec.file](const UnitRunner&) {
+      throw ConfigError("--model-file " + path +
+                        ": shard stage 3 runs the model one top-level child at a time through "
+                        "DistributedDataParallel::run_unit, which does not drive a TorchScript model's units; "
+                        "train it with --shard gradients (or optimizer) instead");
+    };
     m.module = script;
     return m;
   }

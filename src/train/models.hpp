@@ -16,6 +16,10 @@
 
 namespace h5ddp {
 
+// Runs one unit of a model's forward (`forward`, the unit named `unit`): DistributedDataParallel::run_unit
+// under shard stage 3, which gathers the unit's parameters around it. Models call it around each layer.
+using UnitRunner = std::function<torch::Tensor(const std::string& unit, const std::function<torch::Tensor()>& forward)>;
+
 // Base of the built-in models: images [B, 1, 28, 28] (or [B, 784]) -> logits [B, 10].
 class Model : public torch::nn::Module {
  public:
@@ -72,7 +76,8 @@ struct TrainModel {
   std::shared_ptr<torch::nn::Module> module;
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   std::string description;  // one line
-  // Shard stage 3: runs each unit (layer, or top-level child of a script) of `forward` through the runner.
+  // Shard stage 3: runs each unit (layer) of `forward` through the runner. A script (its units go through
+  // ScriptModule::set_unit_calls instead) refuses it.
   std::function<void(UnitRunner)> set_unit_runner;
   // /meta strings: "model" (cnn | mlp | torchscript) and its settings; for a script also model_class,
   // model_hash (its code) and model_file.
