@@ -8,6 +8,7 @@ random weights):
   residual  residual Linear layers, and modules that cannot be units: one returning a tuple, one called without a
             tensor, one never called
   cond      units called inside an `if` and a loop
+  example   tools/examples/gpt.py's GPT, tied (lm_head.weight is wte.weight), with dropout
 """
 import os
 import sys
@@ -121,10 +122,18 @@ class Cond(nn.Module):
         return y
 
 
+def example_gpt():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "examples"))
+    import gpt  # noqa: E402 - tools/examples is not a package
+    return gpt.GPT(vocab_size=32, context=8, layers=2, heads=2, dim=16, dropout=0.1, tie_weights=True)
+
+
 def main():
     out = sys.argv[1]
     torch.manual_seed(0)
-    for name, model in [("gpt", Gpt()), ("nested", Nested()), ("residual", Residual()), ("cond", Cond())]:
+    models = [("gpt", Gpt()), ("nested", Nested()), ("residual", Residual()), ("cond", Cond()),
+              ("example", example_gpt())]
+    for name, model in models:
         torch.jit.script(model).save(os.path.join(out, name + ".pt"))
 
 

@@ -160,6 +160,26 @@ TEST(ScriptUnits, SomeOfOneClassAsUnitsLeavesTheClassGraphAlone) {
   EXPECT_TRUE(rec.events.empty());
 }
 
+TEST(ScriptUnits, ExampleGptWithDropoutComputesTheSame) {
+  // tools/examples/gpt.py: blocks called with (x, future), a two-name tied head, dropout drawn in the blocks.
+  auto model = load("example");
+  auto reference = load("example");
+  UnitPlan plan = model->plan_units({"wte", "wpe", "h.0", "h.1", "ln_f", "lm_head"});
+  EXPECT_EQ(plan.units, (Names{"wte", "wpe", "h.0", "h.1", "ln_f", "lm_head"}));
+  EXPECT_TRUE(plan.outside.empty());
+  UnitPlan blocks = model->plan_units({"h.0", "h.1"});
+  EXPECT_EQ(blocks.outside, (Names{"wte.weight", "lm_head.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"}));
+  Recorder rec;
+  model->set_unit_calls(plan, rec.calls(plan.units));
+  torch::manual_seed(5);
+  const torch::Tensor x = torch::randint(0, 32, {2, 8}, torch::kLong);
+  torch::manual_seed(6);
+  const Result want = forward_backward(*reference, x);
+  torch::manual_seed(6);
+  expect_same(forward_backward(*model, x), want);
+  EXPECT_EQ(rec.events, expected_events(plan.units));
+}
+
 TEST(ScriptUnits, NestedBlocksAreUnitsAtDepthTwo) {
   auto nested = load("nested");
   auto reference = load("nested");
