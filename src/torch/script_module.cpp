@@ -58,8 +58,6 @@ std::string shape_text(const torch::Tensor& t) {
   return s.str();
 }
 
-}  // namespace
-
 // Forward with units (set_unit_calls): the rewritten copy of the forward graph and the callbacks its operators
 // reach through the registry entry `id`.
 struct UnitRun {
@@ -70,6 +68,8 @@ struct UnitRun {
     if (id >= 0) script_units::remove_calls(id);
   }
 };
+
+}  // namespace
 
 struct ScriptModule::Impl {
   torch::jit::Module script;
