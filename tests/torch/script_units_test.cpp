@@ -52,11 +52,10 @@ struct Recorder {
     c.exit = [this, units](size_t u, const at::Tensor& out) {
       events.push_back("exit " + units.at(u));
       if (out.requires_grad())
-        const_cast<at::Tensor&>(out).register_hook(
-            [this, name = units.at(u), sizes = out.sizes().vec()](const at::Tensor& grad) {
-              EXPECT_EQ(grad.sizes().vec(), sizes);
-              backward.push_back("backward " + name);
-            });
+        out.register_hook([this, name = units.at(u), sizes = out.sizes().vec()](const at::Tensor& grad) {
+          EXPECT_EQ(grad.sizes().vec(), sizes);
+          backward.push_back("backward " + name);
+        });
     };
     c.end_forward = [this](const at::Tensor& out) { events.push_back(out.defined() ? "end" : "end (threw)"); };
     return c;
@@ -96,7 +95,9 @@ void expect_same(const Result& a, const Result& b) {
   ASSERT_EQ(a.grads.size(), b.grads.size());
   for (size_t i = 0; i < a.grads.size(); ++i) {
     ASSERT_EQ(a.grads[i].defined(), b.grads[i].defined()) << "gradient " << i;
-    if (a.grads[i].defined()) EXPECT_TRUE(torch::equal(a.grads[i], b.grads[i])) << "gradient " << i;
+    if (a.grads[i].defined()) {
+      EXPECT_TRUE(torch::equal(a.grads[i], b.grads[i])) << "gradient " << i;
+    }
   }
 }
 
