@@ -13,8 +13,16 @@
 // executor's optimisations off: the first steps after a resume compute exactly like the later ones (the
 // profiling executor would otherwise switch plans after a warm-up, so an interrupted run and an uninterrupted
 // one would differ in the steps after the restart).
+//
+// Units (shard stage 3): set_unit_calls copies the forward graph, inlines into the copy every module method call
+// that is not a unit's (recursively, through `if` and loop bodies), and wraps each unit call between two custom
+// operators, h5ddp_units::enter on the call's first tensor argument and h5ddp_units::exit on its output. Both
+// return their input tensor itself (the autograd-tracked one, so the exit callback can register a hook on the
+// real output) after calling back into this module's UnitCalls through a process-wide registry. They are marked
+// as having side effects, so the interpreter neither drops nor reorders them.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
 #include <functional>
@@ -24,9 +32,27 @@
 
 namespace h5ddp {
 
-// Runs one unit of a model's forward (`forward`, the unit named `unit`): DistributedDataParallel::run_unit
-// under shard stage 3, which gathers the unit's parameters around it. Models call it around each layer.
-using UnitRunner = std::function<torch::Tensor(const std::string& unit, const std::function<torch::Tensor()>& forward)>;
+// What ScriptModule::forward reports to a sharding wrapper (FullyShardedDataParallel) when units are set.
+struct UnitCalls {
+  std::function<void()> begin_forward;                           // before the script's forward runs
+  std::function<void(size_t unit)> enter;                        // just before each call of unit `unit`
+  std::function<void(size_t unit, const at::Tensor& out)> exit;  // just after it, with the call's output
+  std::function<void(const at::Tensor& out)> end_forward;        // after forward; `out` undefined if it threw
+};
+
+// Which candidate modules a script's forward calls as units (ScriptModule::plan_units).
+// A unit is a submodule (at any depth, named as in the state dict: "h.0", "transformer.blocks.3") that forward
+// calls, directly or from inside a method of another module, with at least one tensor argument, getting one
+// tensor back; it may be called several times, inside `if` and loops. Its parameters are read only inside its
+// calls; anything else forward reads (parameters of modules that are not units, a unit's parameter read
+// directly as in GPT-2's `F.linear(x, self.wte.weight)`) is `outside` and must stay gathered all forward.
+struct UnitPlan {
+  std::vector<std::string> units;    // the candidates that are units, in the order the forward first calls them
+  std::vector<std::string> outside;  // parameter names (state-dict keys, every name of a tied tensor) that the
+                                     // forward reads outside any unit's call
+  std::vector<std::string> dropped;  // "name: why" for candidates that cannot be units (never called by forward,
+                                     // call takes no tensor, returns a non-tensor, ...)
+};
 
 class ScriptModule : public torch::nn::Module {
  public:
@@ -38,13 +64,15 @@ class ScriptModule : public torch::nn::Module {
   // The script's forward on one tensor; throws h5ddp::Error naming the file and the input's shape when the
   // script rejects it or returns something other than a tensor.
   torch::Tensor forward(const torch::Tensor& x);
-  // Shard stage 3: forward then runs the script's top-level children one at a time, each through `run` (named as
-  // in the state dict: "0", "1", ... for an nn.Sequential). Throws ConfigError naming the file unless the script's
-  // forward is such a chain (sequential_problem()).
-  void set_unit_runner(UnitRunner run);
-  // Empty when forward only calls top-level children, each on the previous one's output, and returns the last
-  // output (a scripted or traced nn.Sequential); otherwise what else it does.
-  std::string sequential_problem() const;
+  // Local, pure analysis of forward's graph: which of `candidates` (module names at any depth) are units, which
+  // parameters forward reads outside them, and why the others cannot be units. Throws ConfigError naming the
+  // file when a candidate is not a submodule or two candidates nest ("h" and "h.0").
+  UnitPlan plan_units(const std::vector<std::string>& candidates) const;
+  // Local. From now on forward calls `calls` around each call of plan.units (indices into plan.units), in
+  // begin_forward ... end_forward. It runs a rewritten copy of the forward graph: the script's own method graphs,
+  // shared by every instance of their class, stay as they are. An empty plan.units restores the plain forward.
+  // Throws ConfigError naming the file when plan.units is not a valid set of units (see plan_units).
+  void set_unit_calls(const UnitPlan& plan, UnitCalls calls);
 
   // Sets the training flag of the mirror and of every submodule of the script (BatchNorm, Dropout read it).
   void train(bool on = true) override;

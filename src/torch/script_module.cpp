@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "h5ddp/error.hpp"
+#include "torch/script_units.hpp"
 
 namespace h5ddp {
 namespace {
@@ -57,38 +58,24 @@ std::string shape_text(const torch::Tensor& t) {
   return s.str();
 }
 
+// Forward with units (set_unit_calls): the rewritten copy of the forward graph and the callbacks its operators
+// reach through the registry entry `id`.
+struct UnitRun {
+  std::shared_ptr<const UnitCalls> calls;
+  int64_t id = -1;
+  std::unique_ptr<torch::jit::GraphFunction> function;
+  ~UnitRun() {
+    if (id >= 0) script_units::remove_calls(id);
+  }
+};
+
 }  // namespace
 
 struct ScriptModule::Impl {
   torch::jit::Module script;
   std::string path, class_name, code_hash;
-  UnitRunner run;                  // set: forward runs `chain` unit by unit
-  std::vector<std::string> chain;  // the top-level children forward calls, in order (sequential_problem)
+  std::unique_ptr<UnitRun> units;  // set: forward runs units->function
 };
-
-namespace {
-// The children a forward graph calls one after the other (each on the previous output), or why it is not such a
-// chain. Constants are allowed; anything else is not.
-std::string read_chain(const torch::jit::Graph& graph, std::vector<std::string>& chain) {
-  chain.clear();
-  if (graph.inputs().size() != 2 || graph.outputs().size() != 1) return "forward has other inputs or outputs";
-  const torch::jit::Value* self = graph.inputs()[0];
-  const torch::jit::Value* current = graph.inputs()[1];
-  for (const torch::jit::Node* n : graph.nodes()) {
-    const auto kind = n->kind();
-    if (kind == c10::prim::Constant || (kind == c10::prim::GetAttr && n->input(0) == self)) continue;
-    const bool call = kind == c10::prim::CallMethod && n->s(c10::attr::name) == "forward" && n->inputs().size() == 2 &&
-                      n->input(1) == current && n->input(0)->node()->kind() == c10::prim::GetAttr &&
-                      n->input(0)->node()->input(0) == self;
-    if (!call) return std::string("forward computes ") + kind.toQualString() + " besides calling its children in turn";
-    chain.push_back(n->input(0)->node()->s(c10::attr::name));
-    current = n->output();
-  }
-  if (graph.outputs()[0] != current) return "forward does not return its last child's output";
-  if (chain.empty()) return "forward calls no child module";
-  return "";
-}
-}  // namespace
 
 std::shared_ptr<ScriptModule> ScriptModule::load(const std::string& path) {
   const std::string where = "--model-file " + path + ": ";
@@ -155,41 +142,47 @@ void ScriptModule::mirror() {
   }
 }
 
-std::string ScriptModule::sequential_problem() const {
-  std::vector<std::string> chain;
-  return read_chain(*impl_->script.get_method("forward").graph(), chain);
+UnitPlan ScriptModule::plan_units(const std::vector<std::string>& candidates) const {
+  script_units::check_candidates(impl_->script, candidates, "--model-file " + impl_->path + ": ");
+  return script_units::plan(impl_->script, candidates);
 }
 
-void ScriptModule::set_unit_runner(UnitRunner run) {
-  const std::string problem = read_chain(*impl_->script.get_method("forward").graph(), impl_->chain);
-  if (!problem.empty())
-    throw ConfigError("--model-file " + impl_->path + ": shard stage 3 runs the model one top-level child at a time, " +
-                      "so its forward must only chain its children (e.g. an nn.Sequential); " + problem);
-  impl_->run = std::move(run);
+void ScriptModule::set_unit_calls(const UnitPlan& plan, UnitCalls calls) {
+  const std::string where = "--model-file " + impl_->path + ": ";
+  script_units::check_candidates(impl_->script, plan.units, where);
+  if (plan.units.empty()) {
+    impl_->units.reset();
+    return;
+  }
+  auto run = std::make_unique<UnitRun>();
+  run->calls = std::make_shared<const UnitCalls>(std::move(calls));
+  run->id = script_units::add_calls(run->calls);
+  run->function = script_units::rewrite(impl_->script, plan.units, run->id, where);
+  impl_->units = std::move(run);
 }
 
 torch::Tensor ScriptModule::forward(const torch::Tensor& x) {
   torch::jit::GraphOptimizerEnabledGuard plain_interpreter(false);
+  const UnitRun* run = impl_->units.get();
+  const UnitCalls* calls = run ? run->calls.get() : nullptr;
+  script_units::take_callback_failure();
+  if (calls && calls->begin_forward) calls->begin_forward();
+  const auto fail = [&](const std::string& why) {
+    std::exception_ptr failure = script_units::take_callback_failure();
+    if (calls && calls->end_forward) calls->end_forward(torch::Tensor());
+    if (failure) std::rethrow_exception(failure);  // a callback's own exception, not the interpreter's copy
+    throw Error("--model-file " + impl_->path + why);
+  };
   c10::IValue out;
   try {
-    if (impl_->run) {
-      torch::Tensor y = x;
-      for (const std::string& child : impl_->chain) {
-        torch::jit::Module m = impl_->script.attr(child).toModule();
-        y = impl_->run(child, [&] { return m.forward({y}).toTensor(); });
-      }
-      return y;
-    }
-    out = impl_->script.forward({x});
+    out = run ? (*run->function)({impl_->script._ivalue(), x}) : impl_->script.forward({x});
   } catch (const c10::Error& e) {
-    throw Error("--model-file " + impl_->path + " rejects an input of shape " + shape_text(x) + ": " +
-                last_line(e.what_without_backtrace()));
+    fail(" rejects an input of shape " + shape_text(x) + ": " + last_line(e.what_without_backtrace()));
   } catch (const std::exception& e) {  // torch::jit::JITException (a raise in the script) is not a c10::Error
-    throw Error("--model-file " + impl_->path + " rejects an input of shape " + shape_text(x) + ": " +
-                last_line(e.what()));
+    fail(" rejects an input of shape " + shape_text(x) + ": " + last_line(e.what()));
   }
-  if (!out.isTensor())
-    throw Error("--model-file " + impl_->path + ": forward returned " + out.tagKind() + ", not a tensor");
+  if (!out.isTensor()) fail(": forward returned " + out.tagKind() + ", not a tensor");
+  if (calls && calls->end_forward) calls->end_forward(out.toTensor());
   return out.toTensor();
 }
 

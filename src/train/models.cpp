@@ -4,6 +4,7 @@
 
 #include "h5ddp/ddp.hpp"
 #include "h5ddp/error.hpp"
+#include "h5ddp/log.hpp"
 #include "h5ddp/script_module.hpp"
 
 namespace h5ddp {
@@ -92,11 +93,24 @@ TrainModel build_train_model(const ModelSpec& spec) {
               {"model_hash", script->code_hash()},
               {"model_file", spec.file}};
     m.forward = [script](const torch::Tensor& x) { return script->forward(x); };
-    m.units = [script](int64_t /*max_unit_params*/) {
-      FsdpOptions o;  // the top-level children, each run in turn (set_unit_runner checks the forward is a chain)
+    m.units = [script](int64_t max_unit_params) {
+      // Candidates by size, then what the forward's graph allows: a candidate it never calls, or calls without a
+      // tensor or for a non-tensor, is no unit (its parameters join the root, as do those read outside units).
+      const UnitPlan plan = script->plan_units(units_by_size(*script, max_unit_params));
+      for (const auto& d : plan.dropped) log::root_info("--shard parameters: not a unit: " + d);
+      FsdpOptions o;
+      o.units = plan.units;
+      o.root_parameters = plan.outside;
       return o;
     };
-    m.attach_units = [script](FullyShardedDataParallel& fsdp) { script->set_unit_runner(unit_runner(fsdp)); };
+    m.attach_units = [script](FullyShardedDataParallel& fsdp) {
+      UnitPlan plan;
+      plan.units = fsdp.unit_names();
+      UnitCalls calls;  // the root: FullyShardedDataParallel::run_forward around the whole forward
+      calls.enter = [&fsdp](size_t u) { fsdp.enter_unit(u); };
+      calls.exit = [&fsdp](size_t u, const torch::Tensor& out) { fsdp.exit_unit(u, out); };
+      script->set_unit_calls(plan, std::move(calls));
+    };
     m.module = script;
     return m;
   }

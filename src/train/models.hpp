@@ -17,6 +17,10 @@
 
 namespace h5ddp {
 
+// Runs one unit of a model's forward (`forward`, the unit named `unit`): FullyShardedDataParallel::run_unit
+// under shard stage 3, which gathers the unit's parameters around it. Models call it around each layer.
+using UnitRunner = std::function<torch::Tensor(const std::string& unit, const std::function<torch::Tensor()>& forward)>;
+
 // Base of the built-in models: images [B, 1, 28, 28] (or [B, 784]) -> logits [B, 10].
 class Model : public torch::nn::Module {
  public:

@@ -1,7 +1,7 @@
 """tools/examples/gpt.py, the example GPT for token data (issue 40), in one process without MPI: the scripted
 module computes bitwise what the eager one does (eval and, with dropout, training) and is causal; a tied model
-holds the shared tensor under one name only (what h5ddp's C++ mirror needs), its gradient reaching wte through
-the head; the weights come back from a .safetensors file written HERE from the format's description (F32, F16,
+holds one tensor under two names, wte.weight and lm_head.weight (GPT-2's tie), its gradient reaching wte through
+the head, and loads older tied weights that name it once; the weights come back from a .safetensors file written HERE from the format's description (F32, F16,
 BF16, I64; malformed files refused), from an h5ddp checkpoint written by h5ddp_torch, and from an h5ddp-ckpt
 export style dict, giving the in-memory model's first-token logits; `gpt.py generate` prints what sample() does
 with the in-memory model, the same text for a seed and other text for another seed.
@@ -94,27 +94,34 @@ def check_script(tie):
     assert not torch.equal(eager, model.eval()(x)), "dropout 0.2 changes nothing in training mode"
 
 
-def check_tying():
+def check_tying(d):
     untied, tied = tiny(False), tiny(True)
     n = {m: sum(p.numel() for p in m.parameters()) for m in (untied, tied)}
     assert n[untied] - n[tied] == 256 * 32, n
-    assert "lm_head.weight" not in tied.state_dict() and "lm_head.weight" in untied.state_dict()
-    for m in (untied, tied):
+    assert tied.lm_head.weight is tied.wte.weight and untied.lm_head.weight is not untied.wte.weight
+    # Tied: one tensor under both names, in the eager and the scripted state dict; untied: no shared tensor.
+    for m, want in ((untied, []), (tied, [["wte.weight", "lm_head.weight"]])):
         s = torch.jit.script(m)
-        for what, named in (("state_dict", m.state_dict().items()), ("scripted state_dict", s.state_dict().items()),
-                            ("scripted parameters", s.named_parameters())):
-            assert shared_names(named) == [], f"{what}: shared tensors {shared_names(named)}"
-    # The check sees the naive tie (one tensor under wte.weight and lm_head.weight).
-    naive = tiny(False)
-    naive.lm_head.weight = naive.wte.weight
-    assert shared_names(naive.state_dict().items()) == [["wte.weight", "lm_head.weight"]], \
-        shared_names(naive.state_dict().items())
+        for what, named in (("state_dict", m.state_dict().items()), ("scripted state_dict", s.state_dict().items())):
+            assert shared_names(named) == want, f"tied={m is tied}: {what}: shared tensors {shared_names(named)}"
     # Tied, the head is wte: a token absent from the input still gets a gradient in its wte row.
     x = torch.full((2, 16), 7, dtype=torch.long)
     for m, expect in ((tied, True), (untied, False)):
         m.zero_grad()
         m(x).logsumexp(-1).sum().backward()
-        assert bool(m.wte.weight.grad[8].abs().sum() > 0) == expect, f"tied={m.lm_head is None}: wte row 8 grad"
+        assert bool(m.wte.weight.grad[8].abs().sum() > 0) == expect, f"tied={m is tied}: wte row 8 grad"
+
+    # Older tied weights name the tensor once (wte.weight): load_model fills lm_head.weight from it.
+    tied.eval()
+    old = {k: v for k, v in tied.state_dict().items() if k != "lm_head.weight"}
+    path = os.path.join(d, "tied-one-name.pt")
+    torch.save(old, path)
+    back = gpt.load_model(path, {**CONFIG, "tie_weights": True})
+    assert back.lm_head.weight is back.wte.weight and torch.equal(back(x), tied(x)), "one-name tied weights"
+    both = os.path.join(d, "tied-two-names.pt")
+    torch.save(tied.state_dict(), both)
+    assert torch.equal(gpt.load_model(both, {**CONFIG, "tie_weights": True})(x), tied(x)), "two-name tied weights"
+    expect_error(lambda: gpt.load_model(path, CONFIG), "lm_head.weight")  # untied needs its own head
 
 
 SAFETENSORS_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64"}
@@ -277,7 +284,7 @@ def main():
     try:
         for tie in (False, True):
             check_script(tie)
-        check_tying()
+        check_tying(d)
         weights, config, model = check_safetensors(d)
         check_checkpoints(d)
         check_generate(d, weights, config, model)

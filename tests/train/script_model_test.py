@@ -427,10 +427,11 @@ def test_zero3_sequential():
     like the replicated run, bitwise (a sum of two gradients is the same in a reduce-scatter and an allreduce;
     Adam is elementwise), the weights written in row pieces by the two ranks; the test accuracy is scored (every
     rank runs as many forwards, each gathering the units); the file resumes replicated at 1 rank. A model whose
-    forward is not a chain of its children (SmallResNet: a residual add) is refused, naming the file and what
-    its forward computes besides.
+    forward is not a chain of its children (SmallResNet: residual adds, blocks at depth 2) trains under it bitwise
+    like its replicated run too (units chosen by size at any depth, its graph rewritten to gather them).
     Catches: a unit gathered from the wrong rows, a regather missing before a backward, model row pieces
-    written or read wrong, an evaluation that hangs on a collective, a forward graph taken for a chain."""
+    written or read wrong, an evaluation that hangs on a collective, a residual's second use of an input
+    reading a freed unit, a unit call missed by the graph rewrite."""
     d = ht.scratch("script-zero3")
     data, _ = dataset(d)
     m = script(sequential_model(), os.path.join(d, "seq.pt"))
@@ -451,11 +452,14 @@ def test_zero3_sequential():
     ht.check(re.search(r"resumed from .*ckpt-00000008\.h5 at step 8", r.text), f"no resume from step 8: {r}")
     res = os.path.join(d, "resnet.pt")
     script(new_model(), res)
-    r = train(2, os.path.join(d, "bad"), res, data, "--max-steps", 2, "--shard", "parameters", expect_rc=None,
-              timeout=BAD_LAUNCH)
-    ht.check(r.rc != 0 and "shard stage 3 runs the model one top-level child at a time" in r.text and res in r.text,
-             f"a residual model under --shard parameters: expected a refusal naming {res}: {r}")
-    return f"bitwise with replicated at 2 ranks, test accuracy {acc[-1]['accuracy']:.4f}; a residual model refused"
+    train(2, os.path.join(d, "res-rep"), res, data, *common)
+    r = train(2, os.path.join(d, "res-z3"), res, data, *common, "--shard", "parameters", "--shard-unit-params", 3000)
+    units = re.search(r"(\d+) units \(", r.text)
+    ht.check(units and int(units.group(1)) >= 4, f"expected the residual model split into units at depth 2: {r.text}")
+    cmp = ht.compare(ht.ckpt(os.path.join(d, "res-rep"), 8), ht.ckpt(os.path.join(d, "res-z3"), 8), "--skip-rng")
+    ht.check(cmp.rc == 0, f"a residual model under --shard parameters differs from replicated: {cmp}")
+    return (f"bitwise with replicated at 2 ranks, test accuracy {acc[-1]['accuracy']:.4f}; a residual model in "
+            f"{units.group(1)} units bitwise too")
 
 
 # ---- 4 ------------------------------------------------------------------------------------------------------------

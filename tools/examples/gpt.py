@@ -103,11 +103,12 @@ class GPT(nn.Module):
     """GPT-2 style decoder: token + learned position embeddings, `layers` pre-LayerNorm blocks (causal multi-head
     self-attention, GELU MLP 4x), final LayerNorm, output head. forward(idx int64 [B, T <= context]) -> logits
     float32 [B, T, vocab_size]. State-dict keys: wte, wpe, h.<i>.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
-    mlp.c_proj}, ln_f, and lm_head.weight unless tie_weights.
+    mlp.c_proj}, ln_f, lm_head.weight.
 
-    tie_weights: the logits use wte.weight itself (F.linear) and there is no lm_head module, so the shared tensor
-    has one name: h5ddp's C++ side mirrors parameters by name, and a tensor under two names would have its
-    gradient reduced twice and be stored twice in a checkpoint.
+    tie_weights: GPT-2's tie, lm_head.weight IS wte.weight (`self.lm_head.weight = self.wte.weight`), one tensor
+    under two state-dict names; parameters() lists it once. h5ddp's C++ side sees both names and treats them as
+    one parameter (h5ddp::unique_parameters: one gradient reduction, one optimizer entry). load_model also takes
+    older tied weights that hold only wte.weight.
 
     Weights: GPT-2's init (normal, std 0.02; zero biases; residual projections c_proj std 0.02 / sqrt(2 layers)),
     drawn from torch's default generator in a fixed order, so torch.manual_seed(s) before GPT(...) fixes them."""
@@ -132,15 +133,20 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(context, dim)
         self.h = nn.ModuleList([Block(dim, heads, dropout) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(dim)
-        # None when tied: TorchScript compiles only the branch of `is None` that applies to this instance.
-        self.lm_head = None if tie_weights else nn.Linear(dim, vocab_size, bias=False)
+        if tie_weights:  # built on the meta device, its own weight never drawn: a seed gives the weights it gave
+            self.lm_head = nn.Linear(dim, vocab_size, bias=False, device="meta")  # when the tie had one name
+            self.lm_head.weight = self.wte.weight
+        else:
+            self.lm_head = nn.Linear(dim, vocab_size, bias=False)
         self._init_weights(layers)
 
     def _init_weights(self, layers: int):
         residual_std = 0.02 / math.sqrt(2 * layers)
+        drawn = set()  # a tied weight is drawn once, as wte's
         with torch.no_grad():
             for name, m in self.named_modules():
-                if isinstance(m, (nn.Linear, nn.Embedding)):
+                if isinstance(m, (nn.Linear, nn.Embedding)) and id(m.weight) not in drawn:
+                    drawn.add(id(m.weight))
                     m.weight.normal_(0.0, residual_std if name.endswith("c_proj") else 0.02)
                 if isinstance(m, nn.Linear) and m.bias is not None:
                     m.bias.zero_()
@@ -159,10 +165,7 @@ class GPT(nn.Module):
         x = F.dropout(self.wte(idx) + self.wpe(pos), self.dropout, self.training)
         for block in self.h:
             x = block(x, future)
-        x = self.ln_f(x)
-        if self.lm_head is None:
-            return F.linear(x, self.wte.weight)
-        return self.lm_head(x)
+        return self.lm_head(self.ln_f(x))
 
 
 # ---- configuration ----------------------------------------------------------------------------------------------
@@ -356,12 +359,20 @@ def config_source(weights):
 
 def load_model(weights, config):
     """GPT(**config) with the weights of file `weights`, loaded strictly, in eval mode. config: a dict or the
-    path of a gpt.pt / .json."""
+    path of a gpt.pt / .json. Tied (tie_weights), lm_head.weight may be missing (older files name the tensor
+    once, wte.weight); present, it must equal wte.weight."""
     if not isinstance(config, dict):
         config = load_config(config)
     model = GPT(**check_config(config, "config"))
+    state = load_weights(weights)
+    if model.lm_head.weight is model.wte.weight and "wte.weight" in state:
+        if "lm_head.weight" not in state:  # tied weights saved under one name (before the tie had two)
+            state["lm_head.weight"] = state["wte.weight"]
+        elif not torch.equal(state["lm_head.weight"], state["wte.weight"]):
+            raise GptError(f"{weights}: lm_head.weight differs from wte.weight, but the configuration ties them "
+                           "(tie_weights)")
     try:
-        model.load_state_dict(load_weights(weights), strict=True)
+        model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise GptError(f"{weights} does not fit GPT({json.dumps(config, sort_keys=True)}): "
                        + " ".join(str(e).split())) from None
