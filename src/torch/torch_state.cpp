@@ -165,7 +165,14 @@ TensorRef TorchStateBinding::held_view(const Held& h, const std::string& name, t
 
 TensorRef TorchStateBinding::model_view(const std::string& name, const torch::Tensor& p) {
   if (!model_sharded_ || !p.requires_grad()) return view(name, p);
-  const Held* h = held_named(name);
+  // A tied weight's other names are written from the rows held under its first name (the pieces' name).
+  std::string first = name;
+  for (const auto& [n, t] : params_)
+    if (t.is_same(p)) {
+      first = n;
+      break;
+    }
+  const Held* h = held_named(first);
   if (h == nullptr) {  // another rank's rows: listed with none here, so every rank lists every parameter
     TensorRef r{name, to_dtype(p.scalar_type()), p.sizes().vec(), nullptr};
     r.row_begin = r.row_end = 0;

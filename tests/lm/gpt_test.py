@@ -7,6 +7,12 @@ Debian system ships (/usr/share/common-licenses/GPL-3, converted by tools/h5ddp-
 - resume_2_to_4: the step-4 file of the 2-rank run resumed at 4 ranks reaches step 8 within 1e-5 relative L2 of the
   2-rank run per model tensor (the same samples per step; only the order of the gradient sums differs), losses
   within 1e-4.
+- stage3: the tied GPT (lm_head.weight = wte.weight, two names) under --shard parameters at 2 ranks: units chosen by
+  size at depth 2, the tied weight in the root; its step-8 file within 1e-5 relative L2 of the replicated run per
+  model tensor and losses within 1e-5 (not bitwise: the sharded gradient norm for --grad-clip sums the ranks'
+  squares, PyTorch's takes the norm of the whole tensors); SIGKILLed after step 4 and resumed under stage 3: bitwise
+  equal to the uninterrupted stage-3 run; its step-4 file resumed replicated at 3 ranks and under stage 3 at 4
+  (global batch 24) stays within 1e-5 of it.
 - export_safetensors: h5ddp-ckpt export --format safetensors, read back by a parser written here from the format's
   description (not gpt.py's reader): every tensor bitwise equal to the checkpoint's /model dataset, names as the
   Python state_dict, the data packed with no gap; gpt.py generate samples text from it.
@@ -60,7 +66,7 @@ def setup():
 def argv(run_dir, resume="auto"):
     s = _shared
     return [ht.tool("h5ddp-train"), "--model-file", s["model"], "--data", s["data"], "--run-dir", run_dir,
-            "--batch-size", "16", "--max-steps", str(STEPS), "--checkpoint-every-steps", "2", "--keep-last", "0",
+            "--batch-size", "24", "--max-steps", str(STEPS), "--checkpoint-every-steps", "2", "--keep-last", "0",
             "--lr", "1e-3", "--grad-clip", str(CLIP), "--no-fsync", "--threads", "1", "--log-every", "1",
             "--resume", resume, "--no-eval"]
 
@@ -125,6 +131,46 @@ def read_safetensors_here(path):
     return out, meta
 
 
+def test_stage3():
+    s = setup()
+    z3_args = ["--shard", "parameters"]
+    z3 = os.path.join(s["d"], "z3")
+    r = ht.mpirun(2, argv(z3) + z3_args, LAUNCH)
+    ht.check(r.rc == 0, f"the stage-3 run failed: {r}")
+    ht.check("units (" in r.out + r.err and "root" in r.out + r.err, f"no unit line in the log: {r}")
+    c = ht.compare_checkpoints(ht.ckpt(z3, STEPS), ht.ckpt(s["full"], STEPS), norm_rtol=1e-5, skip_rng=True,
+                               groups=["model"])
+    ht.check(c.ok, f"stage 3 vs replicated at 2 ranks: {c}")
+    got, want = losses(z3), losses(s["full"])
+    worst = max(abs(got[k] - want[k]) / abs(want[k]) for k in want)
+    ht.check(worst <= 1e-5, f"stage-3 losses differ from replicated by {worst:.2e} relative: {got} vs {want}")
+    with h5py.File(ht.ckpt(z3, STEPS), "r") as f:
+        ht.check(np.array_equal(f["model/wte.weight"][()], f["model/lm_head.weight"][()]), "the tie is broken")
+
+    killed = os.path.join(s["d"], "z3-killed")
+    job = ht.Job(2, argv(killed) + z3_args + ["--step-sleep-ms", "500"])
+    job.wait_for(lambda: ht.latest_target(killed) == ht.ckpt(killed, AT), 150, f"the step-{AT} checkpoint")
+    job.kill()
+    r = ht.mpirun(2, argv(killed) + z3_args, LAUNCH)
+    ht.check(r.rc == 0 and ht.resumed_from(r) is not None, f"the stage-3 resume failed: {r}")
+    ht.check_bitwise(ht.ckpt(killed, STEPS), ht.ckpt(z3, STEPS), "stage 3: killed + resumed vs uninterrupted")
+
+    worst_reshard = 0.0
+    for np_, extra in ((3, []), (4, z3_args)):
+        run = ht.copy_with([ht.ckpt(z3, AT)], f"gpt-z3-{np_}")
+        r = ht.mpirun(np_, argv(run, resume=ht.ckpt(run, AT)) + extra, LAUNCH)
+        ht.check(r.rc == 0, f"the stage-3 file resumed at {np_} ranks {extra} failed: {r}")
+        c = ht.compare_checkpoints(ht.ckpt(run, STEPS), ht.ckpt(z3, STEPS), norm_rtol=1e-5, skip_rng=True,
+                                   groups=["model"])
+        ht.check(c.ok, f"the stage-3 file resumed at {np_} ranks {extra} vs the 2-rank stage-3 run: {c}")
+        got = losses(run)
+        worst_reshard = max([worst_reshard] + [abs(got[k] - losses(z3)[k]) / abs(losses(z3)[k])
+                                               for k in range(AT + 1, STEPS + 1)])
+    ht.check(worst_reshard <= 1e-4, f"losses after the reshard differ by {worst_reshard:.2e} relative")
+    print(f"stage 3 at 2 ranks: losses within {worst:.1e} of replicated; SIGKILL + resume bitwise; resumed "
+          f"replicated at 3 and stage 3 at 4 ranks, losses within {worst_reshard:.1e}")
+
+
 def test_export_safetensors():
     s = setup()
     ck = ht.ckpt(s["full"], STEPS)
@@ -148,4 +194,4 @@ def test_export_safetensors():
 
 
 if __name__ == "__main__":
-    sys.exit(ht.cli([test_kill_resume_bitwise, test_resume_2_to_4, test_export_safetensors]))
+    sys.exit(ht.cli([test_kill_resume_bitwise, test_resume_2_to_4, test_stage3, test_export_safetensors]))
