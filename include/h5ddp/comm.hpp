@@ -51,6 +51,10 @@ class Comm {
                                                      ReduceOp op);
   // Every rank's segment of `buf` (as above) copied to all ranks. Default: one broadcast per rank.
   virtual void allgatherv(void* buf, const std::vector<size_t>& counts, DType dtype);
+  // allgatherv started in place; returns at once (`buf` valid until wait() returns; the ordering rule of
+  // allreduce_async applies, among all the asynchronous operations). Default: the blocking allgatherv, then a
+  // completed Work. MpiComm and NcclComm override it.
+  virtual std::unique_ptr<Work> allgatherv_async(void* buf, const std::vector<size_t>& counts, DType dtype);
   virtual void barrier() = 0;
 
   // Collective. True on every rank iff every rank passed the same value (one allreduce).

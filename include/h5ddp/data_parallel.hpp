@@ -142,7 +142,8 @@ class DataParallel {
     double finish_seconds = 0;     // total time in finish_backward (wait + launch + average + copy)
     double broadcast_seconds = 0;  // buffer broadcasts in prepare_forward
     double gather_seconds = 0;     // sharded: parameter gathers (after the step; FSDP: per unit)
-    size_t unit_gathers = 0;       // FSDP: units gathered (forward and backward)
+    size_t unit_gathers = 0;       // FSDP: units gathered (forward and backward; prefetched ones included)
+    size_t prefetched = 0;         // FSDP: of those, gathers started ahead of their unit (FsdpOptions::prefetch)
   };
   const Stats& stats() const { return stats_; }
   void reset_stats() { stats_ = Stats{}; }

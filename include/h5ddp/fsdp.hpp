@@ -21,6 +21,20 @@
 //       loss(y).backward(); fsdp.finish_backward(); opt.step(); opt.zero_grad(); ...
 //
 // Every rank must run the same units in the same order (each gather is a collective).
+//
+// Prefetch (FsdpOptions::prefetch, on by default): the first forward records the order in which units are entered.
+// In later forwards, once unit k is gathered, the gather of the unit that followed it in that order starts
+// asynchronously (Comm::allgatherv_async into that unit's parameters' storage) and runs while unit k computes;
+// entering that unit waits for it instead of gathering. A forward that enters a unit other than the predicted one
+// stops predicting for the rest of that forward (a prefetched unit not entered is waited for and freed). In the
+// backward, end_forward starts the gather of the last unit entered and each unit's regather starts that of the
+// unit entered before it in this forward. Predictions depend only on the order of enter_unit calls, which every
+// rank shares, so every rank starts the same gathers in the same order. Memory: at most the root and two units
+// are gathered at once (the running one and the prefetched one), i.e. up to the root's bytes plus the two largest
+// units' bytes, against the root plus one unit without prefetch (in the backward this relies on autograd finishing
+// a unit's gradients before it reaches the output of the unit before it, as its ordering does; a unit with a
+// parameter this rank did not use stays until finish_backward, as without prefetch). finish_backward and a
+// forward that throws leave no gather in flight.
 #pragma once
 
 #include <functional>
@@ -35,6 +49,8 @@ struct FsdpOptions {
   std::vector<std::string> units;
   // Parameter names the forward reads outside their unit's call (they join the root).
   std::vector<std::string> root_parameters;
+  // Start the gather of the unit predicted to run next while the current one computes (see above).
+  bool prefetch = true;
 };
 
 // Local. The units a size policy picks, top-down: a submodule becomes a unit when its parameters (in it and below,
@@ -59,9 +75,11 @@ class FullyShardedDataParallel final : public ShardedDataParallel {
 
   // The steps run_unit and run_forward are made of, for a caller that cannot pass a closure (a rewritten graph).
   void begin_forward();                                   // collective: the root gathered
-  void enter_unit(size_t unit);                           // collective: the unit gathered
+  void enter_unit(size_t unit);                           // collective: the unit gathered (the next one started)
   void exit_unit(size_t unit, const torch::Tensor& out);  // local: freed; `out` hooked for the backward
-  void end_forward(const torch::Tensor& out);             // local: the root freed unless a backward will need it
+  // The root freed unless a backward will need it; with a backward to come and prefetch on, collective: starts the
+  // gather of the last unit entered (the backward's first).
+  void end_forward(const torch::Tensor& out);
 
   const std::vector<std::string>& unit_names() const { return unit_names_; }
   size_t unit_index(const std::string& unit) const;  // ConfigError when it is not a unit
@@ -81,19 +99,32 @@ class FullyShardedDataParallel final : public ShardedDataParallel {
 
  private:
   std::string resolve_units(const FsdpOptions& options);  // returns the problem, if any
-  void gather_unit(size_t u);                             // collective
-  void regather_unit(size_t u);                           // collective: before the unit's backward
-  void release_unit(size_t u);                            // local
+  void gather_unit(size_t u);                             // collective (or waits for u's prefetch)
+  void prefetch_unit(size_t u);                           // collective: u's gather started, not waited for
+  void regather_unit(size_t u, size_t next);              // collective: before the unit's backward; prefetches next
+  void release_unit(size_t u);                            // local (waits for a gather in flight first)
   size_t root() const { return unit_names_.size(); }      // the root's index in unit_params_
   std::vector<std::string> unit_names_;
   struct Unit {
     std::vector<size_t> params;
     bool gathered = false;
-    size_t grads_left = 0;  // gradients still to accumulate in this backward
+    size_t grads_left = 0;                     // gradients still to accumulate in this backward
+    std::vector<std::unique_ptr<Work>> works;  // a prefetch in flight: one allgatherv per parameter
   };
-  std::vector<Unit> units_;           // unit_names_ order, then the root
-  std::vector<size_t> param_unit_;    // param -> index into units_
-  std::vector<size_t> param_nbytes_;  // each parameter's storage size
+  struct Entry {
+    size_t unit;
+    bool hooked;  // its output hooked for the backward (so the backward regathers it)
+  };
+  bool prefetch_ = true;
+  bool in_forward_ = false;            // between begin_forward and end_forward
+  bool order_known_ = false;           // order_ holds the first (completed) forward's units
+  bool predicting_ = false;            // this forward has followed order_ so far
+  std::vector<size_t> order_;          // units in the order the first forward entered them
+  std::vector<Entry> entries_;         // this forward's units so far
+  size_t prefetched_unit_ = SIZE_MAX;  // gathered ahead and not yet entered or regathered
+  std::vector<Unit> units_;            // unit_names_ order, then the root
+  std::vector<size_t> param_unit_;     // param -> index into units_
+  std::vector<size_t> param_nbytes_;   // each parameter's storage size
 };
 
 }  // namespace h5ddp

@@ -58,6 +58,9 @@ class MpiComm final : public Comm {
   std::unique_ptr<Work> reduce_scatter_async(void* buf, const std::vector<size_t>& counts, DType dtype,
                                              ReduceOp op) override;
   void allgatherv(void* buf, const std::vector<size_t>& counts, DType dtype) override;
+  // MPI_Iallgatherv in place on the async communicator (kNonBlocking, kProgress: the worker tests it), or a blocking
+  // MPI_Allgatherv on the worker thread (kThread), as allreduce_async.
+  std::unique_ptr<Work> allgatherv_async(void* buf, const std::vector<size_t>& counts, DType dtype) override;
   void barrier() override;
 
   // Local, but every rank must choose the same mode, and only while no asynchronous operation is in flight.

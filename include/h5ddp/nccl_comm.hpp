@@ -45,6 +45,10 @@ class NcclComm final : public Comm {
   void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override;
   std::unique_ptr<Work> allreduce_async(void* buf, size_t count, DType dtype, ReduceOp op) override;
   void allgather(const void* send, void* recv, size_t count, DType dtype) override;
+  // In place: one ncclAllGather when every rank's segment has the same size, else one ncclBroadcast per non-empty
+  // segment (its rank the root) in one NCCL group. The asynchronous form needs a device buffer.
+  void allgatherv(void* buf, const std::vector<size_t>& counts, DType dtype) override;
+  std::unique_ptr<Work> allgatherv_async(void* buf, const std::vector<size_t>& counts, DType dtype) override;
   void barrier() override;
 
   // Collective: operations started between group_start() and group_end() (asynchronous allreduces, e.g.
@@ -59,6 +63,8 @@ class NcclComm final : public Comm {
   cudaEvent_t end_op();             // event recorded on the nccl stream after the op (owned by caller)
   void join_caller(cudaEvent_t e);  // caller stream waits on e
   void check_async_error();
+  void issue_allgatherv(void* dev, const std::vector<size_t>& counts, DType dtype);  // on stream_, after begin_op
+  std::unique_ptr<Work> pending_work();  // a Work for the operations just issued on stream_ (or at group_end)
 
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;

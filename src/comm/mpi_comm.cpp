@@ -502,19 +502,62 @@ std::unique_ptr<Work> MpiComm::reduce_scatter_async(void* buf, const std::vector
                                    sleep_while_waiting_ ? poll_interval_ : std::chrono::microseconds(0), nullptr);
 }
 
-void MpiComm::allgatherv(void* buf, const std::vector<size_t>& counts, DType dtype) {
-  H5DDP_CHECK(counts.size() == static_cast<size_t>(size_), "allgatherv: counts must have one entry per rank");
-  std::vector<int> icounts, displs;
+namespace {
+
+// MPI_Allgatherv's counts and displacements of `counts` (one entry per rank), checked against int's range.
+struct Segments {
+  std::vector<int> counts, displs;
+};
+std::shared_ptr<Segments> segments(const std::vector<size_t>& counts, int size, const char* what) {
+  H5DDP_CHECK(counts.size() == static_cast<size_t>(size), std::string(what) + ": counts must have one entry per rank");
+  auto s = std::make_shared<Segments>();
   size_t offset = 0;
-  for (int r = 0; r < size_; ++r) {
+  for (int r = 0; r < size; ++r) {
     H5DDP_CHECK(counts[r] <= kMaxChunk && offset <= static_cast<size_t>(std::numeric_limits<int>::max()),
-                "allgatherv: more than 2^31 elements in one call");
-    icounts.push_back(static_cast<int>(counts[r]));
-    displs.push_back(static_cast<int>(offset));
+                std::string(what) + ": more than 2^31 elements in one call");
+    s->counts.push_back(static_cast<int>(counts[r]));
+    s->displs.push_back(static_cast<int>(offset));
     offset += counts[r];
   }
-  H5DDP_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, icounts.data(), displs.data(),
+  return s;
+}
+
+}  // namespace
+
+void MpiComm::allgatherv(void* buf, const std::vector<size_t>& counts, DType dtype) {
+  const auto s = segments(counts, size_, "allgatherv");
+  H5DDP_CHECK_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, s->counts.data(), s->displs.data(),
                                  mpi_datatype(dtype), comm_));
+}
+
+std::unique_ptr<Work> MpiComm::allgatherv_async(void* buf, const std::vector<size_t>& counts, DType dtype) {
+  // The count and displacement arrays must outlive the operation (MPI may read them until it completes): the
+  // closures below hold them, and each Work holds its closure.
+  const auto s = segments(counts, size_, "allgatherv_async");
+  const MPI_Datatype type = mpi_datatype(dtype);
+  auto start = [=](MPI_Comm c) {
+    std::vector<MPI_Request> reqs(1);
+    H5DDP_CHECK_MPI(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, s->counts.data(), s->displs.data(), type,
+                                    c, reqs.data()));
+    return reqs;
+  };
+  if (async_mode_ != AsyncMode::kNonBlocking) {
+    if (!worker_) worker_ = std::make_unique<Worker>(async_comm_, sleep_while_waiting_, reduce_chunk_bytes_);
+    auto state = std::make_shared<ThreadOp>();
+    if (async_mode_ == AsyncMode::kProgress) {  // started here, on the caller's thread: start order = call order
+      state->reqs = start(async_comm_);
+      state->on_done = [s] {};
+    } else {  // kThread: the worker runs the blocking collective, in submission order
+      state->run = [=](MPI_Comm c) {
+        H5DDP_CHECK_MPI(
+            MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, s->counts.data(), s->displs.data(), type, c));
+      };
+    }
+    worker_->submit(state);
+    return std::make_unique<ThreadWork>(std::move(state));
+  }
+  return std::make_unique<MpiWork>(start(async_comm_),
+                                   sleep_while_waiting_ ? poll_interval_ : std::chrono::microseconds(0), [s] {});
 }
 
 void MpiComm::allgather(const void* send, void* recv, size_t count, DType dtype) {

@@ -1,5 +1,7 @@
 #include "h5ddp/nccl_comm.hpp"
 
+#include <algorithm>
+#include <exception>
 #include <string>
 
 #include "h5ddp/error.hpp"
@@ -212,10 +214,7 @@ void NcclComm::allreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
   check_async_error();
 }
 
-std::unique_ptr<Work> NcclComm::allreduce_async(void* buf, size_t count, DType dtype, ReduceOp op) {
-  H5DDP_CHECK(is_device_pointer(buf), "NcclComm::allreduce_async needs a device buffer");
-  begin_op();
-  H5DDP_CHECK_NCCL(ncclAllReduce(buf, buf, count, nccl_dtype(dtype), nccl_op(op), comm_, stream_));
+std::unique_ptr<Work> NcclComm::pending_work() {
   auto p = std::make_shared<Pending>();
   H5DDP_CHECK_CUDA(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming));
   if (group_depth_ > 0) {
@@ -225,6 +224,60 @@ std::unique_ptr<Work> NcclComm::allreduce_async(void* buf, size_t count, DType d
     p->recorded = true;
   }
   return std::make_unique<NcclWork>(p, &p->done, &p->recorded, caller_stream_, comm_);
+}
+
+std::unique_ptr<Work> NcclComm::allreduce_async(void* buf, size_t count, DType dtype, ReduceOp op) {
+  H5DDP_CHECK(is_device_pointer(buf), "NcclComm::allreduce_async needs a device buffer");
+  begin_op();
+  H5DDP_CHECK_NCCL(ncclAllReduce(buf, buf, count, nccl_dtype(dtype), nccl_op(op), comm_, stream_));
+  return pending_work();
+}
+
+void NcclComm::issue_allgatherv(void* dev, const std::vector<size_t>& counts, DType dtype) {
+  H5DDP_CHECK(counts.size() == static_cast<size_t>(size_), "allgatherv: counts must have one entry per rank");
+  const size_t es = dtype_size(dtype);
+  const ncclDataType_t type = nccl_dtype(dtype);
+  auto* p = static_cast<char*>(dev);
+  if (std::all_of(counts.begin(), counts.end(), [&](size_t c) { return c == counts.front(); })) {
+    // In place as NCCL defines it: this rank's segment is where its contribution already lies.
+    const size_t n = counts.front();
+    if (n > 0) H5DDP_CHECK_NCCL(ncclAllGather(p + rank_ * n * es, p, n, type, comm_, stream_));
+    return;
+  }
+  H5DDP_CHECK_NCCL(ncclGroupStart());
+  std::exception_ptr error;
+  try {
+    size_t offset = 0;
+    for (int r = 0; r < size_; ++r) {
+      char* at = p + offset * es;
+      if (counts[r] > 0) H5DDP_CHECK_NCCL(ncclBroadcast(at, at, counts[r], type, r, comm_, stream_));
+      offset += counts[r];
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const ncclResult_t end = ncclGroupEnd();  // closed even after an error, so later groups are not nested in it
+  if (error) std::rethrow_exception(error);
+  H5DDP_CHECK_NCCL(end);
+}
+
+void NcclComm::allgatherv(void* buf, const std::vector<size_t>& counts, DType dtype) {
+  H5DDP_CHECK(group_depth_ == 0, "NcclComm: blocking allgatherv inside a group");
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  Staged s(buf, total * dtype_size(dtype), stream_, /*copy_in=*/true);
+  begin_op();
+  issue_allgatherv(s.dev(), counts, dtype);
+  join_caller(end_op());
+  s.finish();
+  check_async_error();
+}
+
+std::unique_ptr<Work> NcclComm::allgatherv_async(void* buf, const std::vector<size_t>& counts, DType dtype) {
+  H5DDP_CHECK(is_device_pointer(buf), "NcclComm::allgatherv_async needs a device buffer");
+  begin_op();
+  issue_allgatherv(buf, counts, dtype);
+  return pending_work();
 }
 
 void NcclComm::allgather(const void* send, void* recv, size_t count, DType dtype) {

@@ -1,6 +1,8 @@
 #include "h5ddp/fsdp.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <exception>
 #include <set>
 
 #include "h5ddp/clock.hpp"
@@ -57,9 +59,10 @@ std::vector<std::string> units_by_size(const torch::nn::Module& module, int64_t 
 }
 
 FullyShardedDataParallel::FullyShardedDataParallel(Comm& comm, torch::nn::Module& module, FsdpOptions options)
-    : ShardedDataParallel(comm, module, options.ddp, "FullyShardedDataParallel", /*own_rows=*/true) {
+    : ShardedDataParallel(comm, module, options.ddp, "FullyShardedDataParallel", /*own_rows=*/true),
+      prefetch_(options.prefetch) {
   const std::string problem = resolve_units(options);
-  std::string line = "shard=parameters";
+  std::string line = std::string("shard=parameters prefetch=") + (prefetch_ ? "on" : "off");
   for (const auto& u : unit_names_) line += " unit=" + u;
   for (size_t i : units_.back().params) line += " root=" + param_names_[i];
   check_same_model(problem, line);
@@ -161,28 +164,74 @@ torch::Tensor FullyShardedDataParallel::run_forward(const std::function<torch::T
 }
 
 void FullyShardedDataParallel::begin_forward() {
+  // A prefetch left by a forward whose backward never ran: freed (gather_unit frees any prefetch but the root's).
   gather_unit(root());
+  in_forward_ = true;
+  predicting_ = order_known_;
+  entries_.clear();
+  if (!order_known_) order_.clear();
 }
 
 void FullyShardedDataParallel::enter_unit(size_t unit) {
   H5DDP_CHECK(unit < unit_names_.size(), "FullyShardedDataParallel: no unit " + std::to_string(unit));
+  if (!in_forward_) {  // outside begin_forward/end_forward: no order to follow
+    gather_unit(unit);
+    return;
+  }
+  const size_t position = entries_.size();
+  if (!order_known_)
+    order_.push_back(unit);
+  else if (predicting_ && (position >= order_.size() || order_[position] != unit))
+    predicting_ = false;  // not the recorded order: no more predictions in this forward (gather_unit frees a wrong one)
   gather_unit(unit);
+  entries_.push_back(Entry{unit, false});
+  if (prefetch_ && predicting_ && position + 1 < order_.size()) prefetch_unit(order_[position + 1]);
 }
 
 void FullyShardedDataParallel::exit_unit(size_t unit, const torch::Tensor& out) {
-  // Autograd reaches the hook with the output's gradient, before the unit's own backward: gather it again then.
-  if (out.defined() && out.requires_grad())
-    const_cast<torch::Tensor&>(out).register_hook([this, unit](const torch::Tensor&) { regather_unit(unit); });
+  // Autograd reaches the hook with the output's gradient, before the unit's own backward: gather it again then, and
+  // start the gather of the unit that ran before this one (the next one the backward needs, when that one's output
+  // is hooked too). Both follow this forward's order of enter_unit calls, which every rank shares.
+  if (out.defined() && out.requires_grad()) {
+    size_t next = SIZE_MAX;
+    const bool current = in_forward_ && !entries_.empty() && entries_.back().unit == unit;
+    if (current) {
+      entries_.back().hooked = true;
+      if (prefetch_ && entries_.size() >= 2 && entries_[entries_.size() - 2].hooked)
+        next = entries_[entries_.size() - 2].unit;
+    }
+    const_cast<torch::Tensor&>(out).register_hook(
+        [this, unit, next](const torch::Tensor&) { regather_unit(unit, next); });
+  }
   release_unit(unit);
 }
 
 void FullyShardedDataParallel::end_forward(const torch::Tensor& out) {
-  if (!out.defined()) {  // the forward threw: nothing stays gathered
-    for (size_t u = 0; u < units_.size(); ++u) release_unit(u);
+  const bool was_in_forward = in_forward_;
+  in_forward_ = false;
+  predicting_ = false;
+  if (!out.defined()) {  // the forward threw: nothing stays gathered (or in flight); the order is not kept
+    if (!order_known_) order_.clear();
+    std::exception_ptr error;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      try {
+        release_unit(u);
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
     return;
   }
+  if (was_in_forward) order_known_ = true;
+  const bool backward = torch::GradMode::is_enabled() && out.requires_grad();
   // With a backward to come the root stays until its gradients are accumulated (gradient_done) or the step ends.
-  if (!(torch::GradMode::is_enabled() && out.requires_grad())) release_unit(root());
+  if (!backward) {
+    release_unit(root());
+    return;
+  }
+  // The backward starts with the last unit entered: its gather runs while the loss is computed.
+  if (prefetch_ && was_in_forward && !entries_.empty() && entries_.back().hooked) prefetch_unit(entries_.back().unit);
 }
 
 std::vector<torch::Tensor> FullyShardedDataParallel::full_parameters() {
@@ -202,18 +251,58 @@ void FullyShardedDataParallel::gather_parameters() {
   for (auto& st : bucket_state_) st->shard_grad.zero_();  // the next forward gathers the stepped rows
 }
 
-void FullyShardedDataParallel::regather_unit(size_t u) {
+void FullyShardedDataParallel::regather_unit(size_t u, size_t next) {
   gather_unit(u);
-  // The gradients of the units after this one were launched while this gather ran; keeping only this rank's range
-  // of them now, before this unit's backward allocates its own, holds one unit's gradients at a time.
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (armed_ && !no_sync_)
-    for (size_t b = 0; b < next_launch_; ++b) release_bucket(b);
+  {
+    // The gradients of the units after this one were launched while this gather ran; keeping only this rank's
+    // range of them now, before this unit's backward allocates its own, holds one unit's gradients at a time.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (armed_ && !no_sync_)
+      for (size_t b = 0; b < next_launch_; ++b) release_bucket(b);
+  }
+  if (next != SIZE_MAX) prefetch_unit(next);
+}
+
+void FullyShardedDataParallel::prefetch_unit(size_t u) {
+  Unit& unit = units_[u];
+  if (unit.gathered) return;  // still (or already) there: e.g. the same unit twice in a row
+  // At most one unit ahead: one whose prediction was not claimed is freed first.
+  if (prefetched_unit_ != SIZE_MAX) release_unit(prefetched_unit_);
+  const auto t0 = Clock::now();
+  torch::NoGradGuard no_grad;
+  unit.gathered = true;  // from here on release_unit waits for what was started
+  unit.grads_left = unit.params.size();
+  prefetched_unit_ = u;
+  for (size_t i : unit.params) {
+    const torch::Tensor& p = params_[i];
+    allocate_storage(p, param_nbytes_[i]);
+    if (param_piece_[i] != SIZE_MAX) {  // this rank's rows first, as gather_unit
+      const OwnedPiece& piece = pieces_[param_piece_[i]];
+      alias(p, piece.row_begin * row_numel(p), piece.tensor.sizes()).copy_(piece.tensor);
+    }
+    Bucket& st = *bucket_state_[param_[i].bucket];
+    if (st.comm->size() > 1)
+      unit.works.push_back(st.comm->allgatherv_async(p.data_ptr(), st.counts, to_dtype(p.scalar_type())));
+  }
+  ++stats_.unit_gathers;
+  ++stats_.prefetched;
+  stats_.gather_seconds += seconds_since(t0);
 }
 
 void FullyShardedDataParallel::gather_unit(size_t u) {
+  // A prefetch of another unit was mispredicted: never left gathered unused (nor in flight).
+  if (prefetched_unit_ != SIZE_MAX && prefetched_unit_ != u) release_unit(prefetched_unit_);
   Unit& unit = units_[u];
-  if (unit.gathered) return;
+  if (unit.gathered) {
+    if (prefetched_unit_ == u) {  // started ahead: waiting for it is this gather's cost
+      const auto t0 = Clock::now();
+      prefetched_unit_ = SIZE_MAX;
+      for (auto& w : unit.works) w->wait();
+      unit.works.clear();
+      stats_.gather_seconds += seconds_since(t0);
+    }
+    return;
+  }
   const auto t0 = Clock::now();
   torch::NoGradGuard no_grad;
   for (size_t i : unit.params) {
@@ -234,9 +323,21 @@ void FullyShardedDataParallel::gather_unit(size_t u) {
 
 void FullyShardedDataParallel::release_unit(size_t u) {
   Unit& unit = units_[u];
+  if (prefetched_unit_ == u) prefetched_unit_ = SIZE_MAX;
   if (!unit.gathered) return;
+  // Never free memory a gather in flight writes into: wait for every one (all, even after an error), then free.
+  std::exception_ptr error;
+  for (auto& w : unit.works) {
+    try {
+      w->wait();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  unit.works.clear();
   for (size_t i : unit.params) free_storage(params_[i]);
   unit.gathered = false;
+  if (error) std::rethrow_exception(error);
 }
 
 void FullyShardedDataParallel::gradient_done(size_t index) {
@@ -245,7 +346,8 @@ void FullyShardedDataParallel::gradient_done(size_t index) {
 }
 
 double FullyShardedDataParallel::reductions_done(size_t unused_here) {
-  for (size_t u = 0; u < units_.size(); ++u) release_unit(u);  // a unit some gradient never reached
+  // A unit some gradient never reached, or a prefetch no backward claimed: waited for and freed, nothing in flight.
+  for (size_t u = 0; u < units_.size(); ++u) release_unit(u);
   return ShardedDataParallel::reductions_done(unused_here);
 }
 

@@ -71,7 +71,7 @@ struct Switches {
   bool no_fsync = false, no_eval = false, no_final = false, no_metrics = false, shard_optimizer = false;
   // Word-valued options, turned into TrainConfig's enums by apply_choices.
   std::string optimizer = "adam", shard = "none", checkpoint_write = "auto", load_strategy = "every-rank-reads",
-              on_save_error = "stop", resume = "auto", precision = "fp32", progress = "auto";
+              on_save_error = "stop", resume = "auto", precision = "fp32", progress = "auto", shard_prefetch = "on";
 };
 
 // One option's words and the values they stand for.
@@ -206,6 +206,11 @@ po::options_description training_options(TrainConfig& c, Switches& sw) {
                       "--shard parameters with a --model-file: a submodule holding at most N parameter elements "
                       "becomes a unit gathered as one (larger ones are split into their children; a layer "
                       "without children is one unit whatever its size); 0 = a quarter of the model");
+  train.add_options()("shard-prefetch", po::value(&sw.shard_prefetch)->default_value(sw.shard_prefetch),
+                      "--shard parameters: on | off. On, the gather of the unit the first forward ran next starts "
+                      "while the current unit computes (and in the backward, of the unit that ran before it), so "
+                      "communication overlaps compute; up to two units and the root are then gathered at once "
+                      "instead of one and the root");
   train.add_options()("shard-optimizer", po::bool_switch(&sw.shard_optimizer), "the same as --shard optimizer");
   train.add_options()("no-metrics", po::bool_switch(&sw.no_metrics),
                       "do not append to RUN_DIR/metrics.jsonl (docs/METRICS.md)");
@@ -291,6 +296,7 @@ void apply_choices(TrainConfig& c, const Switches& sw) {
   require(!sw.shard_optimizer || c.shard == ShardOption::kNone || c.shard == ShardOption::kOptimizer, "shard", sw.shard,
           "conflicts with --shard-optimizer (which means --shard optimizer)");
   if (sw.shard_optimizer) c.shard = ShardOption::kOptimizer;
+  c.shard_prefetch = choice("shard-prefetch", sw.shard_prefetch, Words<bool>{{"on", true}, {"off", false}});
   require(c.shard_unit_params >= 0, "shard-unit-params", c.shard_unit_params, "must be 0 (automatic) or positive");
   c.checkpoint_write = choice(
       "checkpoint-write", sw.checkpoint_write,

@@ -55,6 +55,7 @@ struct TrainConfig {
   bool fsync = true;
   ShardOption shard = ShardOption::kNone;         // --shard (--shard-optimizer: kOptimizer)
   int64_t shard_unit_params = 0;                  // --shard-unit-params (0: a quarter of the model)
+  bool shard_prefetch = true;                     // --shard-prefetch on | off (FsdpOptions::prefetch)
   bool verify_replicas = false;                   // every rank hashes every tensor on save and all hashes must agree
   WriteMode checkpoint_write = WriteMode::kAuto;  // --checkpoint-write auto | direct | mpiio
   LoadStrategy load_strategy = LoadStrategy::kEveryRankReads;  // --load-strategy

@@ -23,6 +23,7 @@ ParallelModel::ParallelModel(const TrainConfig& config, MpiComm& comm, TrainMode
   if (config.shard == ShardOption::kParameters) {
     FsdpOptions f = model.units(config.shard_unit_params);
     f.ddp = o;
+    f.prefetch = config.shard_prefetch;
     auto fsdp = std::make_unique<FullyShardedDataParallel>(comm, *model.module, f);
     model.attach_units(*fsdp);
     dp_ = std::move(fsdp);

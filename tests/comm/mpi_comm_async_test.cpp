@@ -1,5 +1,5 @@
-// MpiComm::allreduce_async in each progress mode: results, ordering of many in-flight operations, errors
-// surfacing in wait(), and Works dropped without wait() still completing.
+// MpiComm::allreduce_async (and reduce_scatter_async, allgatherv_async) in each progress mode: results, ordering of
+// many in-flight operations, errors surfacing in wait(), and Works dropped without wait() still completing.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -108,6 +108,64 @@ TEST_P(AsyncModes, ReduceScatterAndAllgathervBySegment) {
   check_segments(*comm);
 }
 
+// allgatherv_async gives what the blocking allgatherv gives, for uneven segments with empty ones (a rank with no
+// rows of a small parameter), all segments empty, and equal ones; several in flight at once beside a
+// reduce_scatter_async and a blocking collective, started in the same order on every rank; a Work dropped without
+// wait() still completes.
+void check_allgatherv_async(Comm& comm) {
+  const int n = comm.size(), r = comm.rank();
+  const std::vector<std::vector<size_t>> patterns = [&] {
+    std::vector<size_t> uneven(n), zeros(n, 0), equal(n, 5), last_only(n, 0);
+    for (int k = 0; k < n; ++k) uneven[k] = k % 2 == 1 ? 0 : 37 * k + 3;  // odd ranks empty (rank 0 not)
+    last_only[n - 1] = 11;
+    return std::vector<std::vector<size_t>>{uneven, zeros, equal, last_only};
+  }();
+  const auto fill = [&](const std::vector<size_t>& counts, int salt) {
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    std::vector<double> buf(total, -1.0);  // the other ranks' segments: garbage until gathered
+    size_t offset = std::accumulate(counts.begin(), counts.begin() + r, size_t{0});
+    for (size_t i = 0; i < counts[r]; ++i) buf[offset + i] = 1000.0 * r + static_cast<double>(i) + 0.25 * salt;
+    return buf;
+  };
+  std::vector<std::vector<double>> async_bufs, blocking_bufs;
+  for (size_t p = 0; p < patterns.size(); ++p) {
+    async_bufs.push_back(fill(patterns[p], static_cast<int>(p)));
+    blocking_bufs.push_back(fill(patterns[p], static_cast<int>(p)));
+  }
+  std::vector<double> scattered(static_cast<size_t>(4 * n), 1.0);
+  std::vector<std::unique_ptr<Work>> works;
+  for (size_t p = 0; p < patterns.size(); ++p) {
+    works.push_back(comm.allgatherv_async(async_bufs[p].data(), patterns[p], DType::kF64));
+    if (p == 1)
+      works.push_back(
+          comm.reduce_scatter_async(scattered.data(), std::vector<size_t>(n, 4), DType::kF64, ReduceOp::kSum));
+  }
+  EXPECT_TRUE(comm.agree(7));  // a blocking collective while they are in flight
+  for (size_t p = 0; p < patterns.size(); ++p) comm.allgatherv(blocking_bufs[p].data(), patterns[p], DType::kF64);
+  for (auto& w : works) w->wait();
+  for (auto& w : works) EXPECT_TRUE(w->test());
+  for (size_t p = 0; p < patterns.size(); ++p) {
+    ASSERT_EQ(async_bufs[p], blocking_bufs[p]) << "pattern " << p;
+    size_t offset = 0;
+    for (int k = 0; k < n; ++k)
+      for (size_t i = 0; i < patterns[p][k]; ++i, ++offset)
+        ASSERT_EQ(async_bufs[p][offset], 1000.0 * k + static_cast<double>(i) + 0.25 * static_cast<double>(p))
+            << "pattern " << p << " rank " << k << " element " << i;
+  }
+  for (size_t i = 4 * static_cast<size_t>(r); i < 4 * static_cast<size_t>(r) + 4; ++i)
+    EXPECT_EQ(scattered[i], static_cast<double>(n));
+  std::vector<int64_t> dropped(static_cast<size_t>(n), -1);
+  dropped[r] = r;
+  { auto w = comm.allgatherv_async(dropped.data(), std::vector<size_t>(n, 1), DType::kI64); }
+  for (int k = 0; k < n; ++k) EXPECT_EQ(dropped[k], k);
+}
+
+TEST_P(AsyncModes, AllgathervAsyncEqualsAllgatherv) {
+  auto comm = MpiComm::dup(MPI_COMM_WORLD);
+  comm->set_async_mode(GetParam());
+  check_allgatherv_async(*comm);
+}
+
 // Comm's own reduce_scatter_async and allgatherv (what a backend without them, e.g. NcclComm, runs): a Comm that
 // forwards only the required operations to an MpiComm.
 class ForwardingComm final : public Comm {
@@ -134,6 +192,12 @@ TEST(CommDefaults, ReduceScatterAndAllgathervBySegment) {
   auto comm = MpiComm::dup(MPI_COMM_WORLD);
   ForwardingComm forwarding(*comm);
   check_segments(forwarding);
+}
+
+TEST(CommDefaults, AllgathervAsyncIsTheBlockingOneCompleted) {
+  auto comm = MpiComm::dup(MPI_COMM_WORLD);
+  ForwardingComm forwarding(*comm);
+  check_allgatherv_async(forwarding);
 }
 
 INSTANTIATE_TEST_SUITE_P(Mpi, AsyncModes,

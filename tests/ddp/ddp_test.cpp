@@ -232,6 +232,69 @@ TEST(Ddp, Stage3SgdMomentumMatchesLargeBatchFloat64) {
   run_equivalence(Opt::kSgdMomentum, Wrap::kStage3, DdpOptions{}, torch::kFloat64, 1e-6);
 }
 // A layer in no unit joins the root, gathered for the whole forward and backward.
+// Stage 3 with prefetch on and off: `reorder` runs `side` first in every third step (the same arithmetic, so a
+// forward that leaves the recorded order: prefetch must stop predicting and free the unit it started ahead).
+struct Stage3Run {
+  std::vector<torch::Tensor> params;
+  DataParallel::Stats stats;
+  bool freed_between_steps = true;  // no parameter storage left after any finish_backward
+};
+Stage3Run train_stage3(bool prefetch, bool reorder) {
+  auto& comm = test::world();
+  const int n = comm.size(), r = comm.rank();
+  const int64_t b = 3;
+  torch::manual_seed(77);
+  TinyNet model(16);
+  FsdpOptions o;
+  o.prefetch = prefetch;
+  FullyShardedDataParallel fsdp(comm, *model, o);
+  ShardedOptimizer opt(fsdp, [](std::vector<torch::Tensor> p) { return make_opt(p, Opt::kAdam); });
+  Stage3Run run;
+  for (int step = 0; step < 20; ++step) {
+    auto [x, y] = full_batch(step, n * b, torch::kFloat32);
+    const torch::Tensor xr = x.narrow(0, r * b, b);
+    const bool side_first = reorder && step % 3 == 2;
+    fsdp.prepare_forward();
+    auto out = fsdp.run_forward([&] {
+      torch::Tensor s;
+      if (side_first) s = fsdp.run_unit("side", [&] { return model->side->forward(xr); });
+      auto h = fsdp.run_unit("fc1", [&] { return model->fc1->forward(xr); });
+      auto z = fsdp.run_unit("fc2", [&] { return model->fc2->forward(torch::tanh(h)); });
+      if (!side_first) s = fsdp.run_unit("side", [&] { return model->side->forward(xr); });
+      return z + s;
+    });
+    torch::mse_loss(out, y.narrow(0, r * b, b)).backward();
+    fsdp.finish_backward();
+    for (const auto& p : model->parameters()) run.freed_between_steps &= p.storage().nbytes() == 0;
+    opt.step();
+    opt.zero_grad();
+  }
+  run.stats = fsdp.stats();
+  run.params = fsdp.full_parameters();
+  return run;
+}
+
+TEST(Ddp, Stage3PrefetchTrainsBitwiseLikeBlockingGathers) {
+  auto& comm = test::world();
+  for (bool reorder : {false, true}) {
+    SCOPED_TRACE(reorder ? "order changes every third step" : "one order");
+    const Stage3Run on = train_stage3(true, reorder), off = train_stage3(false, reorder);
+    ASSERT_EQ(on.params.size(), off.params.size());
+    for (size_t i = 0; i < on.params.size(); ++i) EXPECT_TRUE(torch::equal(on.params[i], off.params[i])) << i;
+    EXPECT_TRUE(comm.agree(hash_tensors(on.params)));
+    EXPECT_TRUE(on.freed_between_steps);
+    EXPECT_TRUE(off.freed_between_steps);
+    EXPECT_EQ(off.stats.prefetched, 0u);
+    EXPECT_GT(on.stats.prefetched, 0u);
+    if (!reorder) {
+      // The first forward records the order: its backward prefetches (side at end_forward, then fc2 and fc1), and
+      // every later step also fc2 and side in its forward. Every prediction used: the same gathers as without.
+      EXPECT_EQ(on.stats.prefetched, 3u + 19u * 5u);
+      EXPECT_EQ(on.stats.unit_gathers, off.stats.unit_gathers);
+    }
+  }
+}
+
 TEST(Ddp, Stage3RootHoldsTheParametersOutsideEveryUnit) {
   run_equivalence(Opt::kAdam, Wrap::kStage3, DdpOptions{}, torch::kFloat32, 1e-5, {"fc1", "fc2"});
   TinyNet model;
