@@ -74,7 +74,8 @@ std::string FullyShardedDataParallel::resolve_units(const FsdpOptions& options) 
   if (unit_names_.empty())
     for (const auto& child : module_->named_children())
       if (!child.value()->parameters(/*recurse=*/true).empty()) unit_names_.push_back(child.key());
-  units_.assign(unit_names_.size() + 1, Unit{});
+  units_.clear();
+  units_.resize(unit_names_.size() + 1);
   param_unit_.assign(params_.size(), root());
   param_nbytes_.assign(params_.size(), 0);
   const auto modules = module_->named_modules("", /*include_self=*/false);
@@ -224,6 +225,8 @@ void FullyShardedDataParallel::end_forward(const torch::Tensor& out) {
     return;
   }
   if (was_in_forward) order_known_ = true;
+  // A unit started ahead that this forward did not enter (it ended before the recorded order did): freed.
+  if (prefetched_unit_ != SIZE_MAX) release_unit(prefetched_unit_);
   const bool backward = torch::GradMode::is_enabled() && out.requires_grad();
   // With a backward to come the root stays until its gradients are accumulated (gradient_done) or the step ends.
   if (!backward) {
