@@ -30,6 +30,7 @@ COMMON=(--no-eval --no-fsync)
 expect_error 2 "batch-size 0: must be positive" --batch-size 0 --run-dir "$WORK/x"
 expect_error 2 "unknown model" --model resnet --run-dir "$WORK/x"
 expect_error 2 "unknown optimizer" --optimizer lamb --run-dir "$WORK/x"
+expect_error 2 "unknown shard prefetch (on | off)" --shard-prefetch maybe --run-dir "$WORK/x"
 expect_error 2 "data directory not found: /nonexistent-fmnist" --data-dir /nonexistent-fmnist --run-dir "$WORK/x"
 expect_error 2 "cannot create run directory /proc/h5ddp-run" --run-dir /proc/h5ddp-run
 touch "$WORK/file"
