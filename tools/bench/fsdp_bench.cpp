@@ -8,6 +8,7 @@
 //
 //   mpirun -np N h5ddp-bench-fsdp [--model mlp|gpt] [--hidden 4256,4256,...] [--model-file gpt.pt]
 //       [--unit-params 0] [--batch 8] [--steps 3] [--rounds 3] [--warmup 2] [--configs replicated,prefetch,blocking]
+// A configuration may name MpiComm's async mode: prefetch:thread, blocking:progress, ... (default: MpiComm's choice).
 //
 // --model mlp: h5ddp-train's MLP (784 -> hidden... -> 10; units: its layers); --model gpt: --model-file, a scripted
 // gpt.py GPT (units by size, --unit-params as --shard-unit-params). --batch: rows per rank. SGD with momentum.
@@ -34,7 +35,8 @@ namespace {
 using namespace h5ddp;
 
 struct Setup {
-  std::string name;  // replicated | prefetch | blocking
+  std::string name;  // replicated | prefetch | blocking, optionally :thread | :progress | :nonblocking (async mode)
+  MpiComm::AsyncMode mode = MpiComm::AsyncMode::kThread;
   TrainConfig config;
   TrainModel model;
   std::unique_ptr<ParallelModel> parallel;
@@ -99,11 +101,17 @@ int main(int argc, char** argv) {
   for (const std::string& name : split(opt["configs"])) {
     auto s = std::make_unique<Setup>();
     s->name = name;
+    const std::string base = name.substr(0, name.find(':'));
+    const std::string mode = name.find(':') == std::string::npos ? "" : name.substr(name.find(':') + 1);
+    s->mode = mode == "thread"        ? MpiComm::AsyncMode::kThread
+              : mode == "progress"    ? MpiComm::AsyncMode::kProgress
+              : mode == "nonblocking" ? MpiComm::AsyncMode::kNonBlocking
+                                      : comm->async_mode();
     TrainConfig& c = s->config;
     c.optimizer = OptimizerKind::kSgd;
     c.lr = 1e-3;
-    c.shard = name == "replicated" ? ShardOption::kNone : ShardOption::kParameters;
-    c.shard_prefetch = name == "prefetch";
+    c.shard = base == "replicated" ? ShardOption::kNone : ShardOption::kParameters;
+    c.shard_prefetch = base == "prefetch";
     c.shard_unit_params = std::stoll(opt["unit-params"]);
     c.model.dropout = 0;
     if (model == "gpt") {
@@ -133,11 +141,16 @@ int main(int argc, char** argv) {
 
   using Clock = std::chrono::steady_clock;
   const size_t n = setups.size();
-  for (size_t k = 0; k < n; ++k)  // the first forward records the unit order; memory first touched
+  const MpiComm::AsyncMode default_mode = comm->async_mode();
+  if (rank == 0) std::printf("# async mode by default: %s\n", comm->async_mode_name().c_str());
+  for (size_t k = 0; k < n; ++k) {  // the first forward records the unit order; memory first touched
+    comm->set_async_mode(setups[k]->mode);
     for (int w = 0; w < warmup; ++w) train_step(*setups[k], model, x, y);
+  }
   for (int r = 0; r < rounds; ++r) {
     for (size_t k = 0; k < n; ++k) {
       Setup& s = *setups[(k + static_cast<size_t>(r)) % n];
+      comm->set_async_mode(s.mode);  // nothing is in flight between steps
       const DataParallel::Stats before = s.parallel->wrapper().stats();
       comm->barrier();
       for (int i = 0; i < steps; ++i) {
@@ -155,6 +168,7 @@ int main(int argc, char** argv) {
     }
   }
 
+  comm->set_async_mode(default_mode);
   if (rank == 0) {
     std::map<std::string, double> med;
     for (const auto& s : setups) {

@@ -7,6 +7,7 @@
 #
 #   tools/bench/fsdp_bench.sh [build-dir]   env: RANKS="2 4" MODELS="mlp gpt" MLP_HIDDEN=4256 x8 MLP_BATCH=8
 #                                                MLP_STEPS=3 MLP_ROUNDS=3 GPT_BATCH=8 GPT_STEPS=5 GPT_ROUNDS=6
+#                                                CONFIGS=replicated,prefetch,blocking (h5ddp-bench-fsdp --configs) WARMUP=2
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-${H5DDP_BINARY_DIR:-$here/../../build}}
@@ -17,6 +18,7 @@ MODELS=${MODELS:-"mlp gpt"}
 MLP_HIDDEN=${MLP_HIDDEN:-4256,4256,4256,4256,4256,4256,4256,4256}
 MLP_BATCH=${MLP_BATCH:-8} MLP_STEPS=${MLP_STEPS:-3} MLP_ROUNDS=${MLP_ROUNDS:-3}
 GPT_BATCH=${GPT_BATCH:-8} GPT_STEPS=${GPT_STEPS:-5} GPT_ROUNDS=${GPT_ROUNDS:-6}
+CONFIGS=${CONFIGS:-replicated,prefetch,blocking}
 LOG=${LOG:-$(mktemp /tmp/h5ddp-fsdp-bench-XXXXXX.log)}
 [[ -x $bench ]] || { echo "missing $bench (cmake --build BUILD --target h5ddp-bench-fsdp)" >&2; exit 2; }
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 HDF5_USE_FILE_LOCKING=FALSE
@@ -33,9 +35,10 @@ for model in $MODELS; do
   else
     args=(--model mlp --hidden "$MLP_HIDDEN" --batch "$MLP_BATCH" --steps "$MLP_STEPS" --rounds "$MLP_ROUNDS")
   fi
+  args+=(--configs "$CONFIGS" --warmup "${WARMUP:-2}")
   for np in $RANKS; do
     echo "# mpirun -np $np h5ddp-bench-fsdp ${args[*]}" | tee -a "$LOG"
-    "${mpirun[@]}" -np "$np" "$bench" "${args[@]}" 2>&1 | grep -E '^(RESULT|RATIO)' | tee -a "$LOG"
+    "${mpirun[@]}" -np "$np" "$bench" "${args[@]}" 2>&1 | grep -E '^(RESULT|RATIO|# async)' | tee -a "$LOG"
   done
 done
 
