@@ -146,6 +146,24 @@ po::options_description model_options(TrainConfig& c, Switches& sw) {
   return model;
 }
 
+// --shard and its settings (in training_options' group).
+void add_shard_options(po::options_description& train, TrainConfig& c, Switches& sw) {
+  train.add_options()("shard", po::value(&sw.shard)->default_value(sw.shard),
+                      "how much training state is split between ranks (docs/SHARDING.md): none | optimizer "
+                      "(ZeRO-1: each rank keeps the optimizer state of its range of every gradient bucket, rows "
+                      "of tensors, so a large matrix is split) | gradients (ZeRO-2: and only its range of the "
+                      "averaged gradients) | parameters (ZeRO-3: and only its range of the weights, each unit (a "
+                      "submodule, --shard-unit-params) gathered before its forward and again before its "
+                      "backward; a --model-file's forward may be any TorchScript). Gradients are reduce-scattered, "
+                      "parameters all-gathered. Checkpoints are the same file at every stage and resume at any "
+                      "stage on any number of ranks");
+  train.add_options()("shard-unit-params", po::value(&c.shard_unit_params)->default_value(c.shard_unit_params),
+                      "--shard parameters with a --model-file: a submodule holding at most N parameter elements "
+                      "becomes a unit gathered as one (larger ones are split into their children; a layer "
+                      "without children is one unit whatever its size); 0 = a quarter of the model");
+  train.add_options()("shard-optimizer", po::bool_switch(&sw.shard_optimizer), "the same as --shard optimizer");
+}
+
 po::options_description training_options(TrainConfig& c, Switches& sw) {
   po::options_description train("Training");
   train.add_options()("epochs", po::value(&c.epochs)->default_value(c.epochs), "epochs to train")(
@@ -193,20 +211,7 @@ po::options_description training_options(TrainConfig& c, Switches& sw) {
                       "clip the global L2 norm of the averaged gradients to NORM (as torch.nn.utils."
                       "clip_grad_norm_; sharded: the norm of all shards); a non-finite norm skips the step on "
                       "every rank. 0 = off. The norm goes to metrics.jsonl as grad_norm");
-  train.add_options()("shard", po::value(&sw.shard)->default_value(sw.shard),
-                      "how much training state is split between ranks (docs/SHARDING.md): none | optimizer "
-                      "(ZeRO-1: each rank keeps the optimizer state of its range of every gradient bucket, rows "
-                      "of tensors, so a large matrix is split) | gradients (ZeRO-2: and only its range of the "
-                      "averaged gradients) | parameters (ZeRO-3: and only its range of the weights, each unit (a "
-                      "submodule, --shard-unit-params) gathered before its forward and again before its "
-                      "backward; a --model-file's forward may be any TorchScript). Gradients are reduce-scattered, "
-                      "parameters all-gathered. Checkpoints are the same file at every stage and resume at any "
-                      "stage on any number of ranks");
-  train.add_options()("shard-unit-params", po::value(&c.shard_unit_params)->default_value(c.shard_unit_params),
-                      "--shard parameters with a --model-file: a submodule holding at most N parameter elements "
-                      "becomes a unit gathered as one (larger ones are split into their children; a layer "
-                      "without children is one unit whatever its size); 0 = a quarter of the model");
-  train.add_options()("shard-optimizer", po::bool_switch(&sw.shard_optimizer), "the same as --shard optimizer");
+  add_shard_options(train, c, sw);
   train.add_options()("no-metrics", po::bool_switch(&sw.no_metrics),
                       "do not append to RUN_DIR/metrics.jsonl (docs/METRICS.md)");
   return train;
