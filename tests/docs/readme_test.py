@@ -69,6 +69,10 @@ RUN = {
     "/usr/bin/python3 tools/examples/gpt.py generate --weights gpt.safetensors --config gpt.pt --data fortunes.h5 "
     "--prompt \"The \" --tokens 200": {},
     "tools/plot_run.py runs/gpt": {},
+    "/usr/bin/python3 tools/examples/gpt.py script -o gpt-tied.pt --context 64 --layers 2 --heads 4 --dim 64 "
+    "--tie-weights": {},
+    "H5DDP_NP=4 H5DDP_RUN_DIR=runs/gpt-tied jobs/train-local.sh --model-file gpt-tied.pt --data fortunes.h5 "
+    "--batch-size 32 --lr 3e-3 --grad-clip 1 --shard parameters": {"H5DDP_TRAIN_ARGS": "--max-steps 4 --no-eval"},
 }
 # Commands whose documented exit code is not 0.
 EXIT = {"build/tools/h5ddp-ckpt diff runs/default/ckpt-00000500.h5 runs/exp1/$(cat runs/exp1/latest)": 1}

@@ -7,7 +7,9 @@
 #
 #   tools/bench/zero_bench.sh [build-dir]   env: REPS=2 RANKS="1 2 4" HIDDEN=6144,6144,6144,6144,6144 STEPS=3
 #                                                BATCH=8 DIR=/tmp (run directories; one checkpoint at a time)
-#                                                MODES="replicated optimizer gradients parameters" (--shard ...)
+#                                                MODES="replicated optimizer gradients parameters" (--shard ...;
+#                                                  parameters-noprefetch: --shard parameters --shard-prefetch off)
+#                                                MODEL_ARGS="--model-file gpt.pt --data tokens.h5" (default: the MLP)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-${H5DDP_BINARY_DIR:-$here/../../build}}
@@ -30,9 +32,12 @@ trap 'rm -rf "$run_dir"' EXIT
 # one MODE NP REP: a training run (STEPS steps, final save) and a resume-only run; appends RESULT lines.
 one() {
   local mode=$1 np=$2 rep=$3 flags=()
-  [[ $mode != replicated ]] && flags=(--shard "$mode")
+  [[ $mode != replicated ]] && flags=(--shard "${mode%-noprefetch}")
+  [[ $mode == *-noprefetch ]] && flags+=(--shard-prefetch off)
   rm -rf "$run_dir"
-  local common=(--model mlp --mlp-hidden "$HIDDEN" --batch-size "$BATCH" --no-eval --keep-last 1
+  local model
+  read -ra model <<<"${MODEL_ARGS:---model mlp --mlp-hidden $HIDDEN}"
+  local common=("${model[@]}" --batch-size "$BATCH" --no-eval --keep-last 1
     --log-every "$STEPS" --run-dir "$run_dir" "${flags[@]}")
   "${mpirun[@]}" -np "$np" /usr/bin/time -f "RSS_KB %M" "$train" "${common[@]}" --max-steps "$STEPS" \
     >"$run_dir.train.log" 2>&1 || { cat "$run_dir.train.log"; exit 1; }
@@ -53,7 +58,7 @@ print(f"RESULT rep={rep} mode={mode} np={np} samples_per_s={train['samples_per_s
 EOF
 }
 
-echo "# $(date -u +%FT%TZ) $(nproc --all) cores, MLP hidden $HIDDEN, batch $BATCH, $STEPS steps, load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$LOG"
+echo "# $(date -u +%FT%TZ) $(nproc --all) cores, ${MODEL_ARGS:-MLP hidden $HIDDEN}, batch $BATCH, $STEPS steps, load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$LOG"
 for rep in $(seq 1 "$REPS"); do
   for np in $RANKS; do
     read -ra modes <<<"$MODES"

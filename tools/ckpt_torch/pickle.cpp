@@ -450,6 +450,14 @@ PyValue* Unpickler::call(const PyValue* callable, const PyValue* args) {
       if (a.empty() || a[0]->kind != Kind::kTensor) fail("malformed " + g + " arguments in data.pkl");
       return own(a[0]);  // a Parameter's data; requires_grad and hooks do not cross into a checkpoint
     }
+    // TorchScript's pickler (torch::pickle_save, as h5ddp-ckpt export writes): a container's static type rides
+    // along as (value, "Dict[str, Tensor]"), and typed lists are built from plain ones. The values are what count.
+    if (g == "torch.jit._pickle.restore_type_tag" || g == "torch.jit._pickle.build_intlist" ||
+        g == "torch.jit._pickle.build_doublelist" || g == "torch.jit._pickle.build_boollist" ||
+        g == "torch.jit._pickle.build_tensorlist" || g == "torch.jit._pickle.build_genericlist") {
+      if (a.empty()) fail("malformed " + g + " arguments in data.pkl");
+      return own(a[0]);
+    }
     if (g == "torch._tensor._rebuild_from_type_v2") {  // (func, type, args, state): tensor subclasses
       if (a.size() < 3) fail("malformed " + g + " arguments in data.pkl");
       callable = a[0];
