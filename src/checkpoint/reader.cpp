@@ -137,6 +137,7 @@ h5::Handle open_checkpoint(MpiComm* comm, const std::string& path, const MpiioHi
     h5::MpioOptions mpio;
     mpio.hints = hints;
     h5::Handle fapl = comm ? h5::mpio_file_access(comm->handle(), mpio) : h5::serial_file_access();
+    h5::read_any_format_version(fapl);
     h5::SilenceErrors quiet;
     ++g_checkpoint_opens;
     const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);

@@ -190,6 +190,10 @@ Handle serial_file_access() {
   return fapl;
 }
 
+void read_any_format_version(hid_t fapl) {
+  H5DDP_CHECK_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_EARLIEST, H5F_LIBVER_LATEST));
+}
+
 Handle transfer(bool collective) {
   Handle dxpl = plist(H5Pcreate(H5P_DATASET_XFER));
   H5DDP_CHECK_H5(H5Pset_dxpl_mpio(dxpl, collective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT));

@@ -86,6 +86,9 @@ std::string hdf5_library_conflict();
 Handle mpio_file_access(MPI_Comm comm, const MpioOptions& options = {});
 // File access for one process (sec2 driver), libver bounds as above.
 Handle serial_file_access();
+// For opening an existing file read-only: its superblock may be of any version HDF5 reads (2 or 3, e.g. an
+// `h5repack -L` copy; the bounds above would refuse it with "superblock version exceeds high bound").
+void read_any_format_version(hid_t fapl);
 // Dataset transfer list: collective or independent MPI-IO.
 Handle transfer(bool collective);
 

@@ -67,6 +67,7 @@ bool is_hdf5_file(const std::string& path) {
 std::optional<H5LayoutFile> H5LayoutFile::open(const std::string& path, std::string* why) {
   h5::SilenceErrors quiet;
   h5::Handle fapl = h5::serial_file_access();
+  h5::read_any_format_version(fapl);
   const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);
   if (id < 0) {
     if (why) *why = h5::innermost_error_text();  // before any other call clears the stack
