@@ -7,6 +7,7 @@ A change that rewrites data also rewrites the dataset's xxh3, so that only the r
 import os
 import re
 import shutil
+import subprocess
 
 import h5py
 import numpy as np
@@ -262,4 +263,12 @@ def make_cases(rows, writer, base, out_dir):
         with h5py.File(path, "r+") as f:
             change(f)
         cases.append(Case(f"{writer}: {name}", path, expect, needle, loads[0] if loads else None))
+    # Copies by h5repack stay valid: readers accept any layout and any superblock HDF5 reads (-L: the newest file
+    # format, superblock 3; a chunked, deflated copy).
+    for i, (name, flags) in enumerate((("h5repack copy", []), ("h5repack -L (superblock 3)", ["-L"]),
+                                        ("h5repack chunked + deflate", ["-l", "CHUNK=4", "-f", "GZIP=1"]))):
+        path = os.path.join(out_dir, f"repack{i}", f"repack{i}.h5")
+        os.makedirs(os.path.dirname(path))
+        subprocess.run(["h5repack", *flags, base, path], check=True, capture_output=True)
+        cases.append(Case(f"{writer}: {name}", path, "valid"))
     return cases
