@@ -70,7 +70,9 @@ class FullyShardedDataParallel final : public ShardedDataParallel {
   // Collective (every rank runs the same units in the same order). Gathers the unit, runs `forward`, frees the
   // unit; its output hooked for the backward. ConfigError for a name that is not a unit.
   torch::Tensor run_unit(const std::string& unit, const std::function<torch::Tensor()>& forward);
-  // Collective: begin_forward, `forward`, end_forward (also when it throws: every unit is then freed).
+  // Collective: begin_forward, `forward`, end_forward (also when it throws: every unit is then freed). A forward that
+  // reads a unit's weights outside run_unit (LibTorch refuses their empty storage) gets a ConfigError naming the units
+  // it did not run.
   torch::Tensor run_forward(const std::function<torch::Tensor()>& forward);
 
   // The steps run_unit and run_forward are made of, for a caller that cannot pass a closure (a rewritten graph).

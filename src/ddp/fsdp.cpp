@@ -156,6 +156,23 @@ torch::Tensor FullyShardedDataParallel::run_forward(const std::function<torch::T
   torch::Tensor out;
   try {
     out = forward();
+  } catch (const c10::Error& e) {
+    // LibTorch's typed data access refuses a tensor whose storage is empty: a unit's weights read outside run_unit.
+    std::string skipped;
+    for (size_t u = 0; u < unit_names_.size(); ++u)
+      if (!units_[u].params.empty() &&
+          std::none_of(entries_.begin(), entries_.end(), [u](const Entry& en) { return en.unit == u; }))
+        skipped += (skipped.empty() ? "'" : ", '") + unit_names_[u] + "'";
+    end_forward(torch::Tensor());
+    const std::string what = e.what_without_backtrace();
+    const bool empty_storage = what.find("data is not allocated yet") != std::string::npos ||
+                               what.find("storage of size 0") != std::string::npos;
+    if (!empty_storage || skipped.empty()) throw;
+    throw ConfigError(
+        "FullyShardedDataParallel: the model's forward read the weights of a unit it did not run "
+        "through run_unit (their storage is empty between uses; LibTorch has no forward hooks, so a C++ "
+        "model runs each unit as fsdp.run_unit(name, lambda)); units not run in this forward: " +
+        skipped);
   } catch (...) {
     end_forward(torch::Tensor());
     throw;

@@ -391,6 +391,23 @@ TEST(Ddp, Stage3RefusesBadUnitsAndViewsOnEveryRank) {
   refused(viewed, {}, "'half' is a view of, or shares, another tensor's");
 }
 
+// A C++ model whose forward reads a unit's weights without run_unit: one error naming the unit, on every rank (each
+// runs the same forward), before any step.
+TEST(Ddp, Stage3RefusesAForwardThatSkipsRunUnit) {
+  auto& comm = test::world();
+  TinyNet model;
+  FullyShardedDataParallel fsdp(comm, *model);
+  fsdp.prepare_forward();
+  try {
+    fsdp.run_forward([&] { return model->body(torch::randn({2, 8}), true); });  // model->fsdp unset: no run_unit
+    ADD_FAILURE() << "expected an error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("units not run in this forward: 'fc1', 'fc2', 'side'"), std::string::npos)
+        << e.what();
+  }
+  for (const auto& p : model->parameters()) EXPECT_EQ(p.storage().nbytes(), 0u);  // nothing left gathered
+}
+
 // The size policy: top-down, a module under the limit (or a layer without children) is a unit.
 TEST(Ddp, UnitsBySizeDescendIntoLargeContainers) {
   torch::nn::ModuleList blocks(torch::nn::ModuleList(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8)),
