@@ -8,7 +8,7 @@ FORMAT_NAME = "h5ddp-checkpoint"
 FORMAT_VERSION = 1
 # The revision of version 1 this package implements (docs/FORMAT.md "Versioning"): written by the writer as
 # format_minor_version; a file of a newer revision may hold objects this reader does not know (ignored, noted).
-FORMAT_MINOR_VERSION = 1
+FORMAT_MINOR_VERSION = 2
 
 # root attributes
 ATTR_FORMAT = "format"

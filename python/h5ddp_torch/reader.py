@@ -113,7 +113,18 @@ def read_dataset(f, path, dspath):
     computed = xxhash.xxh3_64_intdigest(a.reshape(-1).view(np.uint8))
     if computed != _checksum_attr(ds):
         raise _mismatch(path, dspath, _checksum_attr(ds), computed)
+    if name == "bool" and not bools_ok(a):
+        raise _not_bool(path, dspath)
     return name, a
+
+
+def bools_ok(a):
+    """R22: every byte of a bool tensor is 0 or 1."""
+    return not (np.asarray(a).reshape(-1).view(np.uint8) > 1).any()
+
+
+def _not_bool(path, dspath):
+    return CheckpointError(f"{path}: R22: bool dataset {dspath} holds a value other than 0 and 1")
 
 
 def verify_dataset(f, path, dspath):
@@ -123,15 +134,21 @@ def verify_dataset(f, path, dspath):
     if _checksum_attr(ds) is None or ds.shape is None or ds.dtype.kind == "O":  # no hash, or not fixed-size bytes
         return
     h = xxhash.xxh3_64()
+    is_bool = fmt.ATTR_DTYPE in ds.attrs and _text(ds.attrs[fmt.ATTR_DTYPE]) == "bool"
+    bools = True
     try:
         if ds.ndim == 0 or ds.shape[0] == 0:
-            h.update(_contiguous(ds[()]).reshape(-1).view(np.uint8))
+            pieces = [_contiguous(ds[()])]
         else:
             row_bytes = max(1, ds.dtype.itemsize * int(np.prod(ds.shape[1:], dtype=np.int64)))
             per = max(1, VERIFY_CHUNK_BYTES // row_bytes)
-            for r in range(0, ds.shape[0], per):
-                h.update(_contiguous(ds[r:r + per]).reshape(-1).view(np.uint8))
+            pieces = (_contiguous(ds[r:r + per]) for r in range(0, ds.shape[0], per))
+        for piece in pieces:
+            h.update(piece.reshape(-1).view(np.uint8))
+            bools = bools and (not is_bool or bools_ok(piece))
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read dataset {dspath}, damaged or truncated ({e})") from None
     if h.intdigest() != _checksum_attr(ds):
         raise _mismatch(path, dspath, _checksum_attr(ds), h.intdigest())
+    if not bools:
+        raise _not_bool(path, dspath)

@@ -81,6 +81,19 @@ def _has_type(dtype, shape, want):
     return ok and shape is not None and len(shape) == 1  # strings: 1-D
 
 
+def _utf8(value):
+    """R19: whether an attribute's string value (bytes from a fixed-length string, str from a variable-length one,
+    h5py keeping undecodable bytes as surrogates) is valid UTF-8."""
+    try:
+        if isinstance(value, (bytes, np.bytes_)):
+            bytes(value).split(b"\0", 1)[0].decode("utf-8")
+        else:
+            str(value).encode("utf-8")
+        return True
+    except UnicodeError:
+        return False
+
+
 def _text(value):
     """An attribute's string value (h5py: str for variable-length, bytes for fixed-length strings)."""
     if isinstance(value, (bytes, np.bytes_)):
@@ -138,10 +151,16 @@ class _Check:
                 self.problem(f"missing required attribute {where}", rule)
             return None
         aid = obj.attrs.get_id(name)
+        if aid.shape not in ((), None) and _has_type(aid.dtype, (), want) and int(np.prod(aid.shape)) == 1:
+            self.problem(f"{where} is a one-element array, FORMAT.md requires a scalar attribute", 18)
+            return None
         if not _has_type(aid.dtype, aid.shape, want):
             self.problem(f"{where} has type {type_name(aid.dtype, aid.shape)}, FORMAT.md requires {want}", rule)
             return None
         value = obj.attrs[name]
+        if want == "string" and not _utf8(value):
+            self.problem(f"{where} is not valid UTF-8", 19)
+            return None
         return _text(value) if want == "string" else (float(value) if want == "float64" else int(value))
 
     def extra_attrs(self, obj, opath, allowed, rule=14):
@@ -158,7 +177,7 @@ class _Check:
             link = group.get(name, getlink=True)
             if not isinstance(link, h5py.HardLink):
                 self.problem(f"{p} is a {'soft' if isinstance(link, h5py.SoftLink) else 'external'} link, "
-                             "FORMAT.md requires a group or a dataset", 14)
+                             "FORMAT.md requires a group or a dataset", 20)
                 continue
             out[name] = group[name]
         return out
@@ -194,6 +213,9 @@ class _Check:
     def dataset(self, ds, dpath):
         """Every dataset: exactly the attributes dtype and xxh3 (R14), its HDF5 type the one its dtype names (R13),
         a strings dataset as section "Strings" says (R17). Returns the dtype name, or None when it names none."""
+        if ds.shape is None:
+            self.problem(f"{dpath} has an empty (H5S_NULL) dataspace", 21)
+            return None
         self.v.datasets.append(dpath)
         self.extra_attrs(ds, dpath, fmt.DATASET_ATTR_TYPES)
         self.attr(ds, dpath, fmt.ATTR_CHECKSUM, "uint64")
@@ -240,7 +262,10 @@ class _Check:
             if not isinstance(obj, h5py.Dataset):
                 self.problem(f"{p} has type {_kind_name(obj)}, FORMAT.md requires tensor")
                 continue
-            out[name] = (self.dataset(obj, p), obj.shape)
+            dtype = self.dataset(obj, p)
+            if dtype == "string":
+                self.problem(f"{p} is a strings dataset, FORMAT.md requires a tensor (any dtype but string)", 13)
+            out[name] = (dtype, obj.shape)
         return out
 
     # ---- the file, part by part
@@ -262,7 +287,9 @@ class _Check:
                          f"{fmt.FORMAT_VERSION} only")
             return False
         minor = self.attr(f, "/", fmt.ATTR_FORMAT_MINOR_VERSION, "int64", required=False)
-        self.v.minor = minor if minor is not None else 0
+        if minor is not None and minor < 0:
+            self.problem(f"/@{fmt.ATTR_FORMAT_MINOR_VERSION} is {minor}, FORMAT.md requires >= 0", 23)
+        self.v.minor = minor if minor is not None and minor > 0 else 0
         return True
 
     def root(self):
@@ -311,6 +338,8 @@ class _Check:
         kids = self.expect(g, gpath, PARAM_GROUP_LAYOUT, attrs=g.attrs.keys())
         ds = kids.get(fmt.PARAM_NAMES_DATASET)
         names = decode_names(ds[()]) if ds is not None else None
+        if ds is not None and not all(_utf8(n) for n in np.asarray(ds[()]).reshape(-1)):
+            self.problem(f"{gpath}/{fmt.PARAM_NAMES_DATASET} holds a name that is not valid UTF-8", 19)
         return (hyper["amsgrad"] == 1.0 if "amsgrad" in hyper else None), names
 
     def hyperparameters(self, g, gpath, kind):
@@ -420,7 +449,19 @@ class _Check:
                 self.problem(f"missing required attribute {attr_path(gpath, name)} (schedule {kind})", 12)
         for name in g.attrs:
             if name != fmt.ATTR_SCHEDULER_TYPE:
-                self.attr(g, gpath, name, "float64", rule=12)
+                value = self.attr(g, gpath, name, "float64", rule=12)
+                if value is not None and kind in fmt.SCHEDULE_REQUIRED:
+                    self.schedule_value(attr_path(gpath, name), name, value)
+
+    def schedule_value(self, where, name, v):
+        """R24: finite base_lr, gamma, step_size, total_steps, warmup_steps; step_size and total_steps >= 1,
+        warmup_steps >= 0 (the types of table Schedules; another type's attributes are its writer's)."""
+        if name in ("base_lr", "gamma", "step_size", "total_steps", "warmup_steps") and not math.isfinite(v):
+            self.problem(f"{where} is {v}, FORMAT.md requires a finite value", 24)
+        elif name in ("step_size", "total_steps") and v < 1:
+            self.problem(f"{where} is {v}, FORMAT.md requires >= 1", 24)
+        elif name == "warmup_steps" and v < 0:
+            self.problem(f"{where} is {v}, FORMAT.md requires >= 0", 24)
 
     def meta(self, g):
         """R15: every /meta attribute is a string."""
@@ -435,6 +476,9 @@ class _Check:
             p = f"{fmt.RNG_GROUP}/{name}"
             if world_size is not None and ds.shape[0] != world_size:
                 self.problem(f"{p} has {ds.shape[0]} rows, /@{fmt.ATTR_WORLD_SIZE} is {world_size}", 3)
+            if name == "cpu" and ds.shape[1] not in (0, 5048, 5056):
+                self.problem(f"{p} has rows of {ds.shape[1]} bytes: FORMAT.md requires a PyTorch CPU generator "
+                             "state (5056 bytes, or 5048 as older versions wrote) or 0", 3)
             if name == "cuda" and ds.shape[1] == 0:
                 self.problem(f"{p} has rows of 0 bytes: FORMAT.md requires n > 0 (or no {p})", 3)
 

@@ -21,13 +21,15 @@ bool is_le_integer(hid_t t, size_t size, H5T_sign_t sign) {
          H5Tget_order(t) == H5T_ORDER_LE;
 }
 
-// A scalar (one-element) attribute of kind string, int64, uint64 or float64, with its value; kOther otherwise.
+// A one-element attribute of kind string, int64, uint64 or float64, with its value (and whether its dataspace is
+// scalar, R18); kOther otherwise (no element or several: not a scalar either).
 AttrFact read_attr_fact(hid_t loc, const char* name) {
   AttrFact a;
   h5::Handle attr = h5::attribute(H5Aopen(loc, name, H5P_DEFAULT));
   h5::Handle t = h5::datatype(H5Aget_type(attr));
   h5::Handle s = h5::dataspace(H5Aget_space(attr));
-  if (H5Sget_simple_extent_npoints(s) != 1) return a;
+  a.scalar = H5Sget_simple_extent_type(s) == H5S_SCALAR;
+  if (H5Sget_simple_extent_type(s) == H5S_NULL || H5Sget_simple_extent_npoints(s) != 1) return a;
   if (H5Tget_class(t) == H5T_STRING) {
     a.kind = AK::kString;
     a.text = h5::read_attr_string(loc, name);
@@ -71,6 +73,7 @@ struct Walk {
 // Shape and type of a dataset; the elements of a strings dataset named "params".
 void dataset_facts(Walk& w, hid_t ds, const std::string& path, ObjectFact& o) {
   h5::Handle space = h5::dataspace(H5Dget_space(ds));
+  o.null_space = H5Sget_simple_extent_type(space) == H5S_NULL;
   o.shape = h5::space_shape(space);
   h5::Handle t = h5::datatype(H5Dget_type(ds));
   const std::string dtype = o.dtype();
@@ -91,6 +94,16 @@ void dataset_facts(Walk& w, hid_t ds, const std::string& path, ObjectFact& o) {
 // that a file whose links form a cycle cannot make the walk endless.
 constexpr int kMaxDepth = 6;
 
+// Whether the link `name` of group `g` is a hard link; otherwise `o` records its kind (never followed: R20).
+bool hard_link(hid_t g, const std::string& name, ObjectFact& o) {
+  H5L_info_t info;
+  H5DDP_CHECK_H5(H5Lget_info(g, name.c_str(), &info, H5P_DEFAULT));
+  if (info.type == H5L_TYPE_HARD) return true;
+  o.kind = ObjectFact::Kind::kLink;
+  o.link = info.type == H5L_TYPE_SOFT ? "soft" : info.type == H5L_TYPE_EXTERNAL ? "external" : "user-defined";
+  return false;
+}
+
 // Facts of the object `path` (open as `obj`) and, for a group, of everything under it.
 void walk(Walk& w, hid_t obj, const std::string& path, int depth) {
   ObjectFact& o = w.facts.objects[path];
@@ -104,6 +117,7 @@ void walk(Walk& w, hid_t obj, const std::string& path, int depth) {
   if (o.kind != ObjectFact::Kind::kGroup || depth >= kMaxDepth) return;
   for (const auto& n : h5::children(obj, ".")) {
     const std::string child = (path == "/" ? "" : path) + "/" + n;
+    if (!hard_link(obj, n, w.facts.objects[child])) continue;
     with_context("reading " + child, [&] {
       h5::Handle c(H5Oopen(obj, n.c_str(), H5P_DEFAULT), H5Oclose);
       H5DDP_CHECK_H5(c.get());

@@ -550,6 +550,19 @@ std::string verify_pieces(MpiComm& comm, const TensorPlan& p, const std::string&
   return problems;
 }
 
+// R22 over the bool tensors' bytes this rank holds (whole datasets, or its rows of a split one).
+std::string bool_problems(const TensorPlan& p) {
+  std::string out;
+  for (const auto* list : {&p.shared, &p.own})
+    for (const auto& d : *list) {
+      if (d.dtype != DType::kBool || !d.dst) continue;
+      const size_t n = d.pieces.empty() ? d.nbytes() : (d.src_row_end - d.src_row) * d.row_bytes();
+      if (!ckpt::bool_bytes_ok(d.dst, n))
+        out += "\n  R22: bool dataset " + d.path + " holds a value other than 0 and 1";
+    }
+  return out;
+}
+
 // Collective. Reads every tensor into its destination and verifies its checksum. Every rank verifies the checksum
 // of every dataset it keeps, over the bytes in its own memory: a copy that went wrong on one node (its reads, its
 // page cache, the exchange) cannot pass because another rank's copy was right. Every-rank-reads hashes each piece
@@ -587,6 +600,8 @@ void read_and_verify(MpiComm& comm, hid_t f, const TensorPlan& p, const std::str
     problems = path + ": corrupt data on rank " + std::to_string(comm.rank()) + " (the bytes it read" +
                (options.strategy == LoadStrategy::kShareExchange ? " or received" : "") +
                " do not match the file's xxh3):" + problems;
+  if (const std::string bools = bool_problems(p); !bools.empty())
+    problems += (problems.empty() ? path + ": damaged (rank " + std::to_string(comm.rank()) + "):" : "") + bools;
   comm.rethrow_first(ckpt::checkpoint_error(problems));
   timer.mark("verify");
 }

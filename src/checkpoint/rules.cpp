@@ -101,6 +101,20 @@ struct Report {
   }
 };
 
+// R18 and R19 for an attribute this reader knows: a scalar dataspace, a string's bytes valid UTF-8. Reports and
+// returns false otherwise.
+bool value_ok(Report& r, const std::string& where, const AttrFact& a) {
+  if (!a.scalar) {
+    r.problem("R18: " + where + " is a one-element array, docs/FORMAT.md requires a scalar attribute");
+    return false;
+  }
+  if (a.kind == AK::kString && !valid_utf8(a.text)) {
+    r.problem("R19: " + where + " is not valid UTF-8");
+    return false;
+  }
+  return true;
+}
+
 // An attribute that must exist with one kind. Returns it, or null after reporting.
 const AttrFact* require_attr(Report& r, const std::string& object, const ObjectFact& o, const std::string& name,
                              AK kind) {
@@ -114,7 +128,7 @@ const AttrFact* require_attr(Report& r, const std::string& object, const ObjectF
               kind_name(kind));
     return nullptr;
   }
-  return &it->second;
+  return value_ok(r, attr_path(object, name), it->second) ? &it->second : nullptr;
 }
 
 // The attributes of `o` outside `allowed` (R14).
@@ -226,7 +240,12 @@ std::string place_of(const std::string& p) {
 void check_objects(Report& r) {
   for (const auto& [p, o] : r.facts.objects) {
     if (p == "/") continue;
+    if (o.kind == ObjectFact::Kind::kLink) {
+      r.problem("R20: " + p + " is a " + o.link + " link, docs/FORMAT.md requires a group or a dataset");
+      continue;
+    }
     const std::string place = place_of(p);
+    if (place == "state" && r.newer && !is_state_key(leaf_of(p))) continue;  // ignored whole (check_state_group)
     if (place.empty()) {
       r.unknown(std::string(o.kind == ObjectFact::Kind::kGroup ? "group " : "object ") + p);
       continue;
@@ -240,6 +259,10 @@ void check_objects(Report& r) {
       if (p != format::kOptimizerGroup && p != format::kSchedulerGroup && p != format::kMetaGroup &&
           parent_of(p) != format::kParamGroupsGroup)
         extra_attrs(r, p, o, {});
+      continue;
+    }
+    if (o.null_space) {
+      r.problem("R21: " + p + " has an empty (H5S_NULL) dataspace");
       continue;
     }
     if (place.rfind("scalar ", 0) == 0) {
@@ -264,10 +287,30 @@ void check_rng(Report& r) {
     if (o->shape.size() != 2 || (world >= 1 && o->shape[0] != world))
       r.problem("R3: " + std::string(p) + " has shape " + shape_text(o->shape) + ", docs/FORMAT.md requires [" +
                 (world >= 1 ? std::to_string(world) : "world_size") + ", n]");
+    else if (p == std::string(format::kRngCpu) && o->shape[1] != 0 && o->shape[1] != 5048 && o->shape[1] != 5056)
+      r.problem("R3: " + std::string(p) + " has rows of " + std::to_string(o->shape[1]) +
+                " bytes, not a PyTorch CPU generator state (5056 bytes, or 5048 as older versions wrote) nor 0");
     else if (p == std::string(format::kRngCuda) && o->shape[1] == 0)
       r.problem("R3: " + std::string(p) +
                 " has no bytes per rank (absent, not empty, when no rank had a CUDA generator)");
   }
+}
+
+// R24: the values of the attributes with a fixed meaning, for the schedule types of table "Schedules" (another
+// type's attributes are its writer's).
+void check_schedule_value(Report& r, const ObjectFact& s, const std::string& k, double v) {
+  std::vector<std::string> needed;
+  auto type = s.attrs.find(format::kAttrSchedulerType);
+  if (type == s.attrs.end() || type->second.kind != AK::kString || !schedule_requires(type->second.text, &needed))
+    return;
+  const std::string where = attr_path(format::kSchedulerGroup, k);
+  const bool ranged = k == "step_size" || k == "total_steps" || k == "warmup_steps";
+  if ((ranged || k == "base_lr" || k == "gamma") && !std::isfinite(v))
+    r.problem("R24: " + where + " is " + std::to_string(v) + ", must be finite");
+  else if ((k == "step_size" || k == "total_steps") && v < 1)
+    r.problem("R24: " + where + " is " + std::to_string(v) + ", must be >= 1");
+  else if (k == "warmup_steps" && v < 0)
+    r.problem("R24: " + where + " is " + std::to_string(v) + ", must be >= 0");
 }
 
 // R12 and R15: the schedule's attributes, and meta's.
@@ -284,12 +327,16 @@ void check_schedule_and_meta(Report& r) {
     for (const auto& [k, a] : s->attrs)
       if (k != format::kAttrSchedulerType && a.kind != AK::kFloat64)
         r.problem("R12: " + attr_path(g, k) + " has type " + kind_name(a.kind) + ", docs/FORMAT.md requires float64");
+      else if (k != format::kAttrSchedulerType && value_ok(r, attr_path(g, k), a))
+        check_schedule_value(r, *s, k, a.d);
   }
   if (const ObjectFact* m = require_object(r, format::kMetaGroup, ObjectFact::Kind::kGroup))
     for (const auto& [k, a] : m->attrs)
       if (a.kind != AK::kString)
         r.problem("R15: " + attr_path(format::kMetaGroup, k) + " has type " + kind_name(a.kind) +
                   ", docs/FORMAT.md requires string");
+      else
+        value_ok(r, attr_path(format::kMetaGroup, k), a);
 }
 
 void check_required(Report& r) {
@@ -310,6 +357,7 @@ bool check_hyper(Report& r, const std::string& g, const ObjectFact& o, const std
       continue;
     }
     const AttrFact& a = it->second;
+    if (a.kind == AK::kFloat64 && !value_ok(r, attr_path(g, k), a)) continue;
     if (a.kind != AK::kFloat64 || !std::isfinite(a.d)) {
       r.problem("R9: " + attr_path(g, k) + " must be a finite float64, is " + kind_name(a.kind) +
                 (a.kind == AK::kFloat64 ? " " + std::to_string(a.d) : ""));
@@ -400,6 +448,7 @@ void check_optimizer(Report& r) {
     const ObjectFact* names = r.facts.find(g + "/" + format::kParamNamesDataset);
     if (!names) continue;
     for (const auto& n : names->strings) {
+      if (!valid_utf8(n)) r.problem("R19: " + g + "/params holds a name that is not valid UTF-8");
       if (!r.facts.find(std::string(format::kModelGroup) + "/" + n))
         r.problem("R4: " + g + "/params names '" + n + "', which is not a " + format::kModelGroup + " key");
       if (!amsgrad_of.emplace(n, amsgrad).second)
@@ -439,12 +488,41 @@ std::vector<std::string> rule_problems(const FileFacts& facts, std::vector<std::
     if (it->second.kind != AK::kInt64)
       r.problem(attr_path("/", format::kAttrFormatMinorVersion) + " has type " + kind_name(it->second.kind) +
                 ", docs/FORMAT.md requires int64");
+    else if (value_ok(r, attr_path("/", format::kAttrFormatMinorVersion), it->second) && it->second.i < 0)
+      r.problem("R23: " + attr_path("/", format::kAttrFormatMinorVersion) + " is " + std::to_string(it->second.i) +
+                ", must be >= 0");
     else
       r.newer = it->second.i > kFormatMinorVersion;
   }
   check_root(r, *root);
   check_layout(r);
   return problems;
+}
+
+bool valid_utf8(const std::string& text) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = s[i];
+    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (len == 0 || i + len > n) return false;
+    uint32_t cp = len == 1 ? c : c & (0x7F >> len);
+    for (size_t k = 1; k < len; ++k) {
+      if ((s[i + k] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (s[i + k] & 0x3F);
+    }
+    static const uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
+bool bool_bytes_ok(const void* bytes, size_t n) {
+  const auto* b = static_cast<const unsigned char*>(bytes);
+  unsigned char any = 0;
+  for (size_t i = 0; i < n; ++i) any |= b[i];
+  return (any & 0xFE) == 0;
 }
 
 bool is_state_key(const std::string& key) {

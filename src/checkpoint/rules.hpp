@@ -18,27 +18,30 @@
 namespace h5ddp::ckpt {
 
 // The revision of docs/FORMAT.md this reader and writer implement (root attribute format_minor_version).
-inline constexpr int64_t kFormatMinorVersion = 1;
+inline constexpr int64_t kFormatMinorVersion = 2;
 
 // An attribute as the rules see it: its kind (only scalar string, int64, uint64 and float64 have one) and value.
 struct AttrFact {
   enum class Kind { kString, kInt64, kUint64, kFloat64, kOther };
   Kind kind = Kind::kOther;
-  std::string text;  // kString
-  int64_t i = 0;     // kInt64
-  uint64_t u = 0;    // kUint64
-  double d = 0;      // kFloat64
+  std::string text;    // kString
+  int64_t i = 0;       // kInt64
+  uint64_t u = 0;      // kUint64
+  double d = 0;        // kFloat64
+  bool scalar = true;  // a scalar dataspace (R18); false: a one-element array (kind read), or none or several
 };
 
 // One object of the file (a group or a dataset) with its attributes.
 struct ObjectFact {
-  enum class Kind { kGroup, kDataset, kOther };
+  enum class Kind { kGroup, kDataset, kLink, kOther };  // kLink: a soft, external or user-defined link (R20)
   Kind kind = Kind::kOther;
+  std::string link;  // kLink: "soft", "external" or "user-defined"
   std::map<std::string, AttrFact> attrs;
   // Datasets: the shape, and whether the HDF5 type is the one the dtype attribute names (FORMAT.md "Dtypes";
   // for `string`, a fixed-length NUL-padded ASCII/UTF-8 string type).
   std::vector<int64_t> shape;
   bool type_matches = false;
+  bool null_space = false;           // an H5S_NULL dataspace (R21)
   std::vector<std::string> strings;  // a strings dataset of the right type: its elements
   std::string dtype() const;         // the dtype attribute's text, "" when absent or not a string
 };
@@ -62,6 +65,12 @@ CheckpointManifest manifest_of(const FileFacts& facts);
 // one line each naming the file, the rule and the object; objects or attributes this reader does not know in a file
 // of a newer revision go to `notes` (may be null) instead.
 std::vector<std::string> rule_problems(const FileFacts& facts, std::vector<std::string>* notes);
+
+// Whether `text` is valid UTF-8 (R19): no overlong form, no surrogate, nothing above U+10FFFF.
+bool valid_utf8(const std::string& text);
+
+// Whether every byte of a bool tensor's `n` bytes is 0 or 1 (R22).
+bool bool_bytes_ok(const void* bytes, size_t n);
 
 // Whether `key` is a per-parameter state dataset some optimizer type of docs/FORMAT.md has (momentum_buffer,
 // exp_avg, exp_avg_sq, max_exp_avg_sq, step).

@@ -48,11 +48,15 @@ std::string verify_dataset(hid_t f, const DatasetPlan& d, const std::string& fil
       const size_t rows_per_chunk = std::max<size_t>(1, rb ? kVerifyBufferBytes / rb : 1);
       buf.resize(std::max(buf.size(), std::min(rows, rows_per_chunk) * rb));
       StreamHash st;
+      bool bools_ok = true;
       for (size_t r = 0; r < rows && rb > 0; r += rows_per_chunk) {
         const size_t end = std::min(rows, r + rows_per_chunk);
         read_rows(ds, d, r, end, buf.data(), H5P_DEFAULT);
         st.update(buf.data(), (end - r) * rb);
+        if (d.dtype == DType::kBool) bools_ok = bools_ok && bool_bytes_ok(buf.data(), (end - r) * rb);
       }
+      if (!bools_ok)
+        throw CheckpointError(file + ": R22: bool dataset " + d.path + " holds a value other than 0 and 1");
       const uint64_t computed = st.digest();
       if (computed != d.checksum)
         throw CheckpointError(file + ": R13: checksum mismatch in dataset " + d.path + " (stored " + hex(d.checksum) +

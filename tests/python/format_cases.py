@@ -198,6 +198,71 @@ def _r2(f):
     pass  # the change is the file's name (see make_cases)
 
 
+def _one_element(path):
+    """Attribute `path` ("/group@name") rewritten as a one-element array of the same type and value (R18)."""
+    obj, attr = split(path)
+
+    def change(f):
+        if obj.startswith("<dataset>"):
+            target = f[f"model/{first_model_key(f)}"]
+        elif obj == "<group>":
+            target = f["optimizer/param_groups/0"]
+        else:
+            target = f[obj]
+        aid = target.attrs.get_id(attr)
+        value = target.attrs[attr]
+        del target.attrs[attr]
+        target.attrs.create(attr, data=np.array([value]), dtype=aid.dtype)
+    return change
+
+
+def _bad_utf8_meta(f):
+    f["meta"].attrs.create("note", data=np.bytes_(b"a\xffb"), dtype=h5py.string_dtype("utf-8", 3))
+
+
+def _bad_utf8_meta_vlen(f):
+    f["meta"].attrs.create("note", data=np.array(b"ab\xfe", dtype=object), dtype=h5py.string_dtype("utf-8"))
+
+
+def _bad_utf8_name(f):
+    ds = f["optimizer/param_groups/0/params"]
+    names = list(ds[()])
+    names[0] = names[0] + b"\xff"
+    rewrite(f, ds.name, np.array(names, dtype=f"S{max(len(n) for n in names)}"), "string")
+
+
+def _user_tensor(name, data, dtype_name):
+    def change(f):
+        ds = f.require_group("user").create_dataset(name, data=data)
+        ds.attrs["dtype"] = dtype_name
+        rehash(ds)
+    return change
+
+
+def _null_user(f):
+    ds = f.require_group("user").create_dataset("nothing", data=h5py.Empty("<f4"))
+    ds.attrs["dtype"] = "float32"
+    ds.attrs["xxh3"] = np.uint64(xxhash.xxh3_64_intdigest(b""))
+
+
+def _schedule(kind, **values):
+    def change(f):
+        s = f["train/lr_scheduler"]
+        s.attrs["type"] = kind
+        s.attrs["base_lr"] = 0.1
+        for k, v in values.items():
+            s.attrs[k] = float(v)
+    return change
+
+
+def _rng_rows(n):
+    return lambda f: rewrite(f, "rng/cpu", np.zeros((f["rng/cpu"].shape[0], n), np.uint8), "uint8")
+
+
+def _committed_type(f):
+    f["named_float"] = np.dtype("<f4")
+
+
 RULE_CASES = {
     "R1": [("/train/step one more than /@step", _set_scalar("train/step", lambda v, f: v + 1))],
     "R2": [("the file named for another step", _r2)],
@@ -225,7 +290,29 @@ RULE_CASES = {
     "R15": [("a /meta attribute that is not a string", lambda f: f["meta"].attrs.__setitem__("answer", np.int64(42)))],
     "R16": [("a module. prefix", lambda f: _rename_param(f, first_state_param(f), "module." + first_state_param(f)))],
     "R17": [("a params list of variable-length strings", _r17)],
+    "R18": [(f"{p} as a one-element array", _one_element(p)) for p in
+            ("/@world_size", "/@created", "<dataset>@dtype", "<dataset>@xxh3", "/optimizer@type", "<group>@lr")],
+    "R19": [("a /meta string of invalid UTF-8 (fixed-length)", _bad_utf8_meta),
+            ("a /meta string of invalid UTF-8 (variable-length)", _bad_utf8_meta_vlen),
+            ("a params name of invalid UTF-8", _bad_utf8_name)],
+    "R20": [("a soft link in /model", lambda f: f["model"].__setitem__("alias", h5py.SoftLink(
+                f"/model/{first_model_key(f)}"))),
+            ("an external link at the root", lambda f: f.__setitem__("elsewhere", h5py.ExternalLink("x.h5", "/")))],
+    "R21": [("an H5S_NULL dataset in /user", _null_user)],
+    "R22": [("a bool tensor holding 2", _user_tensor("flags", np.array([0, 2, 1], np.uint8), "bool"))],
+    "R23": [("format_minor_version -1", lambda f: f.attrs.__setitem__("format_minor_version", np.int64(-1)))],
+    "R24": [("a cosine schedule of total_steps 0", _schedule("cosine", total_steps=0)),
+            ("a step schedule of step_size 0", _schedule("step", step_size=0, gamma=0.5)),
+            ("warmup_steps -1", _schedule("constant", warmup_steps=-1)),
+            ("base_lr inf", _schedule("constant", base_lr=float("inf")))],
 }
+RULE_CASES["R3"].append(("/rng/cpu rows of 100 bytes", _rng_rows(100)))
+RULE_CASES["R13"].append(("a strings dataset in /user", _user_tensor("names", np.array([b"ab"], "S2"), "string")))
+RULE_CASES["R14"].append(("a committed datatype at the root", _committed_type))
+# Byte damage (R22) in a /user tensor the C++ loading state does not track: the C++ loader compares first and calls
+# the file another model; h5ddp_torch (no user= given) reads and returns every /user tensor, so it finds the damage
+# (FORMAT.md "Loading").
+LOADS = {"R22": {"cpp load": "MISMATCH"}}
 
 
 def _newer_revision(f):
@@ -234,8 +321,26 @@ def _newer_revision(f):
     f.create_group("extras")
 
 
+def _newer_revision_objects(f):
+    """Unknown objects of a newer revision are ignored whole: no dtype or xxh3 needed, any dataspace, any link."""
+    f.attrs["format_minor_version"] = np.int64(99)
+    f.create_dataset(f"optimizer/state/{first_state_param(f)}/fisher", data=h5py.Empty("<f4"))
+    f["extras/table"] = np.arange(3)
+    f["model"][first_model_key(f)].attrs.create("origin", data=np.array(["a", "b"], dtype=h5py.string_dtype()))
+
+
 OTHER_CASES = [
     ("a newer revision's unknown attribute and group", _newer_revision, "valid", "", None),
+    ("a newer revision's unknown datasets, without attributes", _newer_revision_objects, "valid", "", None),
+    ("an explicit format_minor_version 0", lambda f: f.attrs.__setitem__("format_minor_version", np.int64(0)),
+     "valid", "", None),
+    ("/@world_size big-endian (R18: little endian, 8 bytes)",
+     lambda f: f.attrs.create("world_size", data=np.array(f.attrs["world_size"], dtype=">i8")), "damaged",
+     "world_size", None),
+    ("/@step as int32 (R18)", lambda f: f.attrs.create("step", data=np.int32(f.attrs["step"])), "damaged", "step",
+     None),
+    ("/@world_size with an H5S_NULL dataspace", lambda f: f.attrs.create("world_size", h5py.Empty("<i8")), "damaged",
+     "world_size", None),
     ("a parameter renamed everywhere (another model)",
      lambda f: _rename_param(f, first_state_param(f), "renamed." + first_state_param(f)), "mismatch", "", None),
     ("/meta names another model (h5ddp-train compares it)",
@@ -253,7 +358,7 @@ def make_cases(rows, writer, base, out_dir):
         specs = table_cases(rows, probe)
         step = int(probe.attrs["step"])
     for rule, changes in sorted(RULE_CASES.items()):
-        specs += [(f"{rule}: {name}", change, "damaged", rule) for name, change in changes]
+        specs += [(f"{rule}: {name}", change, "damaged", rule, LOADS.get(rule)) for name, change in changes]
     cases = [Case(f"{writer}: unchanged", base, "valid")]
     for i, (name, change, expect, needle, *loads) in enumerate(specs + OTHER_CASES):
         file_name = f"ckpt-{step + 7:08d}.h5" if name.startswith("R2:") else f"case{i:03d}.h5"

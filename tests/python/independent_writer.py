@@ -47,7 +47,7 @@ import h5py
 import numpy as np
 import xxhash
 
-REVISION = 1  # the format_minor_version this writer implements
+REVISION = 2  # the format_minor_version this writer implements
 WRITER = "independent_writer 1.0 (h5ddp tests/python, from docs/FORMAT.md)"
 LIBVER = ("earliest", "v108")
 # h5ddp dtype name -> numpy dtype whose h5py mapping is the HDF5 file type of table "Dtypes".

@@ -15,6 +15,7 @@ A file that verifies loads or is another model; a file a loader calls damaged ne
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -71,7 +72,8 @@ def base_files(args, w):
 
 def cpp_verify(args, paths):
     """{path: (ok, text)} from one h5ddp-ckpt verify run over all paths."""
-    p = subprocess.run([args.ckpt, "verify", *paths], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.run([args.ckpt, "verify", *paths], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       errors="backslashreplace")  # a name of invalid UTF-8 (R19) is printed as it is
     out, current = {}, None
     for line in p.stdout.splitlines():
         m = re.match(r"^(OK|FAILED)\s+(\S+)$", line)
@@ -91,7 +93,8 @@ def cpp_load(args, paths):
     """{path: (verdict, text)} from one h5ddp-load-verdict run (the Checkpointer as h5ddp-train uses it)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run([args.verdict, "--run-dir", os.path.join(args.work_dir, "verdict-run"), "--optimizer", "adam",
-                        "--", *paths], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                        "--", *paths], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                       errors="backslashreplace")
     assert p.returncode == 0, p.stderr
     out = {}
     for line in p.stdout.splitlines():
@@ -129,6 +132,25 @@ def judge(args, cases):
     return failures
 
 
+def train_resume(args, w, cases):
+    """One case through h5ddp-train's own resume (the loader every run uses): a run directory holding a valid step-1
+    file and, at step 2, a file both verifiers reject for R18. The run skips the damaged file naming the same rule,
+    resumes from step 1 and trains on."""
+    bad = next(c for c in cases if c.name == "cpp: R18: /@world_size as a one-element array")
+    assert bad.expect == "damaged"
+    run_dir = w("train-resume")
+    os.makedirs(run_dir)
+    shutil.copy(w("cpp", "ckpt-00000001.h5"), run_dir)
+    shutil.copy(bad.path, os.path.join(run_dir, "ckpt-00000002.h5"))
+    extra = [a if a != "2" else "3" for a in TRAIN_ARGS]  # --max-steps 3
+    p = ic.run(ic.mpi(args, 2, args.train, "--run-dir", run_dir, "--threads", "1", "--no-eval", "--resume", "auto",
+                      *extra), timeout=180)
+    text = p.stdout + p.stderr
+    assert "R18" in text and "resuming from " + os.path.join(run_dir, "ckpt-00000001.h5") in text, text[-2000:]
+    assert "resumed from " + os.path.join(run_dir, "ckpt-00000001.h5") + " at step 1" in text, text[-2000:]
+    print("h5ddp-train skipped the R18 file and resumed from step 1")
+
+
 def main():
     args = parse_args()
     with ic.Scratch(args, "format-rules") as w:
@@ -147,6 +169,7 @@ def main():
             kinds[c.expect] = kinds.get(c.expect, 0) + 1
         print("expected verdicts: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
         assert not failures, f"{len(failures)} disagreements"
+        train_resume(args, w, cases)
     print("PASS")
 
 

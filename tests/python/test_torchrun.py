@@ -138,7 +138,7 @@ def main():
         reference = xr.ckpt(w("tr"), STEPS)
         tr_run(w("tr4"), n=4, steps=2, save_every=2)
         with h5ddp_torch.h5.open_file(xr.ckpt(w("tr4"), 2)) as f:
-            assert int(f.attrs["world_size"]) == 4 and int(f.attrs["format_minor_version"]) == 1
+            assert int(f.attrs["world_size"]) == 4 and int(f.attrs["format_minor_version"]) == 2
         killed_run(w, reference)
         died_in_save(w, reference)
         cross(args, w, tr_losses)
