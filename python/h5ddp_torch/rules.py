@@ -476,9 +476,6 @@ class _Check:
             p = f"{fmt.RNG_GROUP}/{name}"
             if world_size is not None and ds.shape[0] != world_size:
                 self.problem(f"{p} has {ds.shape[0]} rows, /@{fmt.ATTR_WORLD_SIZE} is {world_size}", 3)
-            if name == "cpu" and ds.shape[1] not in (0, 5048, 5056):
-                self.problem(f"{p} has rows of {ds.shape[1]} bytes: FORMAT.md requires a PyTorch CPU generator "
-                             "state (5056 bytes, or 5048 as older versions wrote) or 0", 3)
             if name == "cuda" and ds.shape[1] == 0:
                 self.problem(f"{p} has rows of 0 bytes: FORMAT.md requires n > 0 (or no {p})", 3)
 

@@ -287,9 +287,6 @@ void check_rng(Report& r) {
     if (o->shape.size() != 2 || (world >= 1 && o->shape[0] != world))
       r.problem("R3: " + std::string(p) + " has shape " + shape_text(o->shape) + ", docs/FORMAT.md requires [" +
                 (world >= 1 ? std::to_string(world) : "world_size") + ", n]");
-    else if (p == std::string(format::kRngCpu) && o->shape[1] != 0 && o->shape[1] != 5048 && o->shape[1] != 5056)
-      r.problem("R3: " + std::string(p) + " has rows of " + std::to_string(o->shape[1]) +
-                " bytes, not a PyTorch CPU generator state (5056 bytes, or 5048 as older versions wrote) nor 0");
     else if (p == std::string(format::kRngCuda) && o->shape[1] == 0)
       r.problem("R3: " + std::string(p) +
                 " has no bytes per rank (absent, not empty, when no rank had a CUDA generator)");

@@ -255,10 +255,6 @@ def _schedule(kind, **values):
     return change
 
 
-def _rng_rows(n):
-    return lambda f: rewrite(f, "rng/cpu", np.zeros((f["rng/cpu"].shape[0], n), np.uint8), "uint8")
-
-
 def _committed_type(f):
     f["named_float"] = np.dtype("<f4")
 
@@ -306,7 +302,6 @@ RULE_CASES = {
             ("warmup_steps -1", _schedule("constant", warmup_steps=-1)),
             ("base_lr inf", _schedule("constant", base_lr=float("inf")))],
 }
-RULE_CASES["R3"].append(("/rng/cpu rows of 100 bytes", _rng_rows(100)))
 RULE_CASES["R13"].append(("a strings dataset in /user", _user_tensor("names", np.array([b"ab"], "S2"), "string")))
 RULE_CASES["R14"].append(("a committed datatype at the root", _committed_type))
 # Byte damage (R22) in a /user tensor the C++ loading state does not track: the C++ loader compares first and calls
