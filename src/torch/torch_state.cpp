@@ -3,7 +3,9 @@
 #include <ATen/Context.h>
 
 #include <algorithm>
+#include <functional>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <type_traits>
 #include <utility>
@@ -90,6 +92,34 @@ torch::Tensor* adam_tensor(torch::optim::OptimizerParamState& s, const std::stri
     if (key == "max_exp_avg_sq") return &a.max_exp_avg_sq();
   }
   return nullptr;
+}
+
+// Whether the param group holding `p` has amsgrad on (Adam, AdamW).
+bool group_amsgrad(torch::optim::Optimizer& opt, const std::string& type, const torch::Tensor& p) {
+  for (auto& g : opt.param_groups())
+    for (const auto& q : g.params())
+      if (q.is_same(p))
+        return type == "adam" ? static_cast<torch::optim::AdamOptions&>(g.options()).amsgrad()
+                              : type == "adamw" && static_cast<torch::optim::AdamWOptions&>(g.options()).amsgrad();
+  return false;
+}
+
+// The entries to import plus, for each parameter of an amsgrad group whose file state lacks max_exp_avg_sq, that
+// entry: its destination then finds nothing in the file, and load_checkpoint reports the file as another model
+// (docs/FORMAT.md: the C++ loader keeps its optimizer's hyperparameters, so an amsgrad difference is one).
+std::vector<TensorRef> with_amsgrad_entries(const std::vector<TensorRef>& entries,
+                                            const std::function<bool(const std::string&)>& amsgrad) {
+  std::vector<TensorRef> out = entries;
+  std::set<std::string> has;
+  for (const auto& e : entries) has.insert(e.name);
+  for (const auto& e : entries) {
+    const auto slash = e.name.rfind('/');
+    if (slash == std::string::npos || e.name.compare(slash + 1, std::string::npos, "exp_avg") != 0) continue;
+    const std::string pname = e.name.substr(0, slash);
+    if (amsgrad(pname) && !has.count(pname + "/max_exp_avg_sq"))
+      out.push_back(TensorRef{pname + "/max_exp_avg_sq", e.dtype, e.shape, nullptr});
+  }
+  return out;
 }
 
 std::unique_ptr<torch::optim::OptimizerParamState> fresh_param_state(const std::string& type) {
@@ -287,10 +317,14 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
   state.optimizer.state.clear();
   state.optimizer.type = type_;
   state.optimizer.sharded = sharded_;
-  steps_.reserve(entries.size());
-  // An entry that fits no parameter or no state of this optimizer gets no destination: load_checkpoint then
-  // lists it with every other difference between the file and the model in one CheckpointMismatchError.
-  for (const auto& e : entries) {
+  auto amsgrad = [&](const std::string& p) {
+    return held_named(p) && group_amsgrad(optimizer_, type_, held_named(p)->key);
+  };
+  const std::vector<TensorRef> all = with_amsgrad_entries(entries, amsgrad);
+  steps_.reserve(all.size());
+  // An entry that fits no parameter or no state of this optimizer (max_exp_avg_sq without amsgrad) gets no
+  // destination: load_checkpoint lists it with every other difference between the file and the model.
+  for (const auto& e : all) {
     const auto slash = e.name.rfind('/');
     if (slash == std::string::npos) throw CheckpointError("optimizer state entry '" + e.name + "' has no '/<key>'");
     const std::string pname = e.name.substr(0, slash), key = e.name.substr(slash + 1);
@@ -300,7 +334,7 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
       for (const auto& [n, t] : params_)
         if (n == pname) param = &t;
     // Sharded: another rank's parameter (load_checkpoint checks that some rank takes every entry).
-    if (!param || (key == "step" && type_ == "sgd")) continue;
+    if (!param || (key == "step" && type_ == "sgd") || (h && key == "max_exp_avg_sq" && !amsgrad(pname))) continue;
 
     auto& slot = optimizer_.state()[state_key(*param)];
     if (!slot) slot = fresh_param_state(type_);

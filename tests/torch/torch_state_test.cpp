@@ -175,6 +175,43 @@ TEST(BindingErrors, AnotherModelsCheckpointListsEveryDifference) {
   if (comm.rank() == 0) std::filesystem::remove_all(dir);
 }
 
+// docs/FORMAT.md "Decisions of revision 2": the C++ loader keeps its optimizer's hyperparameters, so a file whose
+// amsgrad differs from the loading Adam's (max_exp_avg_sq present or missing) is another model, not a crash later.
+TEST(BindingErrors, AnAmsgradDifferenceIsAnotherModel) {
+  auto& comm = test::world();
+  const std::string dir = test::scratch_dir("binding-amsgrad");
+  for (const bool saved_amsgrad : {false, true}) {
+    auto a = make_model(ModelSpec{"mlp", 0.0, {8}});
+    torch::optim::Adam a_opt(a->parameters(), torch::optim::AdamOptions(1e-3).amsgrad(saved_amsgrad));
+    train_steps(*a, a_opt, 1, 0);
+    TorchStateBinding saver(*a, a_opt, "adam");
+    TrainState saved;
+    saver.export_state(saved);
+    saved.counters.step = 1;
+    const std::string sub = dir + (saved_amsgrad ? "/on" : "/off");
+    if (comm.rank() == 0) std::filesystem::create_directories(sub);
+    comm.barrier();
+    const SaveResult r = save_checkpoint(comm, saved, sub);
+
+    auto b = make_model(ModelSpec{"mlp", 0.0, {8}});
+    torch::optim::Adam b_opt(b->parameters(), torch::optim::AdamOptions(1e-3).amsgrad(!saved_amsgrad));
+    TorchStateBinding loader(*b, b_opt, "adam");
+    std::vector<TensorRef> entries;
+    for (const auto& t : read_manifest(comm, r.path).optimizer_state)
+      entries.push_back(TensorRef{t.name, t.dtype, t.shape, nullptr});
+    TrainState dst;
+    loader.prepare_import(entries, dst);
+    try {
+      load_checkpoint(comm, r.path, dst);
+      ADD_FAILURE() << "a file of amsgrad " << saved_amsgrad << " loaded into an Adam of amsgrad " << !saved_amsgrad;
+    } catch (const CheckpointMismatchError& e) {
+      EXPECT_NE(std::string(e.what()).find("fc1.weight/max_exp_avg_sq"), std::string::npos) << e.what();
+    }
+  }
+  comm.barrier();
+  if (comm.rank() == 0) std::filesystem::remove_all(dir);
+}
+
 TEST(Rng, CaptureRestoreAndElasticRows) {
   torch::manual_seed(5);
   const RngState s = capture_rng();
