@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "support"))
 import h5ddp_test as ht  # noqa: E402
 
 NP = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+PLOT = os.path.join(HERE, "..", "..", "tools", "plot_run.py")
 LAUNCH = 300  # seconds for one launch: generous, the machine may run at load 8
 
 
@@ -55,7 +56,7 @@ def test_killed_twice_accounted():
     begin at step 0 and at the two resume steps; each killed segment's lost steps are the steps it trained past the
     checkpoint it resumed from (last train step logged before the kill - resume step), its lost seconds the training
     seconds of exactly those records; kept + lost + blocked saves + start-up + eval add up to the wall time within 2%
-    (h5ddp-train's own end-of-run line says the same run goodput). Catches: a resume that drops the redone steps'
+    (h5ddp-train's own end-of-run line and plot_run.py's bars say the same run goodput). Catches: a resume that drops the redone steps'
     time, segments merged or missed, a process start or a killed segment's end not recorded, time counted twice."""
     d = ht.scratch("goodput-killed")
     kills = [kill_at(d, 5, 24)]  # a step after a save: the kill would have to come 3 steps late to lose nothing
@@ -91,6 +92,10 @@ def test_killed_twice_accounted():
     text = goodput(d)
     lost = [f"lost: steps {s + 1}-{k[0]} ({k[0] - s})" for k, s in zip(kills, resumes) if k[0] > s]
     ht.check(text.rc == 0 and all(x in text.out for x in lost), f"the report lacks {lost}: {text}")
+    plot = ht.run([sys.executable, PLOT, d, "--out", os.path.join(d, "plot")], 120)
+    ht.check(plot.rc == 0 and f"goodput {100 * t['goodput']:.1f}% over 3 segments" in plot.out, f"plot: {plot}")
+    with open(os.path.join(d, "plot-goodput.png"), "rb") as f:
+        ht.check(f.read(8) == b"\x89PNG\r\n\x1a\n", "plot-goodput.png is not a PNG")
     return (f"lost {[s['lost_steps'] for s in segs]} steps; parts {named:.2f} of {t['wall']:.2f} s; "
             f"goodput {t['goodput']:.3f}")
 
