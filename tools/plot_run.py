@@ -120,7 +120,7 @@ def goodput_segments(records):
         s = segs[-1]
         s["last"] = max(s["last"], t)
         s["train_kept"] += (r.get("seconds") or 0) if e == "train" else 0
-        s["blocked"] += (r.get("blocked_seconds") or 0) if e in ("save", "lost") else 0
+        s["blocked"] += (r.get("blocked_seconds") or 0) if e in ("save", "lost") else (r.get("wait_seconds") or 0)
         s["eval"] += (r.get("seconds") or 0) if e == "eval" else (r.get("eval_seconds") or 0)
         s["train_lost"] += (r.get("train_seconds") or 0) if e == "lost" else 0
     for s in segs:

@@ -73,6 +73,7 @@ void add_record(SegmentAccount& s, const MetricsRecord& r) {
     s.eval += r.number_or("seconds", 0);
   } else if (e == "end") {
     s.eval += r.number_or("eval_seconds", 0);
+    s.blocked += r.number_or("wait_seconds", 0);
     s.ended = "end";
   } else if (e == "stop") {
     s.ended = format("stop (exit %d)", static_cast<int>(r.number_or("exit_code", 0)));

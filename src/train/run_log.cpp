@@ -102,8 +102,8 @@ void RunLog::interval(int64_t step, int64_t steps, double save_seconds, double s
             .add("mtbf_seconds", mtbf_seconds));
 }
 
-void RunLog::save(const SaveRecord& s) {
-  if (s.step < 0 || s.step == saved_step_) return;
+bool RunLog::save(const SaveRecord& s) {
+  if (s.step < 0 || s.step == saved_step_) return false;
   saved_step_ = s.step;
   JsonRecord r("save");
   r.add("step", s.step).add("path", s.path).add("async", s.async).add("blocked_seconds", s.blocked_seconds);
@@ -112,6 +112,7 @@ void RunLog::save(const SaveRecord& s) {
   else
     r.add("seconds", s.seconds);
   write(r.add("bytes", static_cast<int64_t>(s.bytes)));
+  return true;
 }
 
 void RunLog::stop(int64_t step, int exit_code, const std::string& checkpoint) {
@@ -122,7 +123,8 @@ void RunLog::stop(int64_t step, int exit_code, const std::string& checkpoint) {
             .add("checkpoint", checkpoint));
 }
 
-void RunLog::end(int64_t step, int64_t epoch, double train_seconds, const EvalResult* final_eval, double eval_seconds) {
+void RunLog::end(int64_t step, int64_t epoch, double train_seconds, const EvalResult* final_eval, double eval_seconds,
+                 double wait_seconds) {
   JsonRecord end("end");
   end.add("step", step).add("epoch", epoch).add("exit_code", 0).add("train_seconds", train_seconds);
   if (final_eval != nullptr) {
@@ -131,7 +133,7 @@ void RunLog::end(int64_t step, int64_t epoch, double train_seconds, const EvalRe
     if (final_eval->perplexity >= 0) end.add("test_perplexity", final_eval->perplexity);
     end.add("eval_seconds", eval_seconds);
   }
-  write(end);
+  write(end.add("wait_seconds", wait_seconds));
 }
 
 void RunLog::error(int64_t step, const std::string& message) {

@@ -61,11 +61,13 @@ class RunLog {
   void eval(int64_t step, int64_t epoch, const EvalResult& r, double seconds);
   // --checkpoint-every-steps auto: the interval chosen after a save (or at the start) and what it came from.
   void interval(int64_t step, int64_t steps, double save_seconds, double step_seconds, double mtbf_seconds);
-  // Once per save (a second call for the same step does nothing).
-  void save(const SaveRecord& s);
+  // Once per save (a second call for the same step does nothing: returns false).
+  bool save(const SaveRecord& s);
   void stop(int64_t step, int exit_code, const std::string& checkpoint);
-  // `eval_seconds`: the final evaluation's wall time (0 without one).
-  void end(int64_t step, int64_t epoch, double train_seconds, const EvalResult* final_eval, double eval_seconds = 0);
+  // `eval_seconds`: the final evaluation's wall time (0 without one); `wait_seconds`: the end's wait for a background
+  // save when it made no new save (whose record would carry it).
+  void end(int64_t step, int64_t epoch, double train_seconds, const EvalResult* final_eval, double eval_seconds = 0,
+           double wait_seconds = 0);
   void error(int64_t step, const std::string& message);
 
  private:

@@ -228,7 +228,7 @@ class Trainer {
   // Collective (every rank saved at this step). Re-estimates the interval from this save's blocked time and the
   // steps since the last one, agreed as the maximum over ranks so every rank computes the same interval.
   void replan_interval(int64_t step) {
-    double measured[2] = {ckpt_->last_save().step == step ? ckpt_->last_save().blocked_seconds : auto_->save_seconds(),
+    double measured[2] = {ckpt_->last_save().step == step ? last_blocked_ : auto_->save_seconds(),
                           auto_->mean_step_seconds()};
     comm_.allreduce(measured, 2, DType::kF64, ReduceOp::kMax);
     const int64_t before = auto_->steps();
@@ -268,14 +268,24 @@ class Trainer {
       auto save_guard = watch_.watch("checkpoint save", StallWatch::Kind::kSave, step);
       ckpt_->save_if_due(outcome);
       watch_.observe(StallWatch::Kind::kSave, seconds_since(save_start));
-      log_.save(save_record(ckpt_->last_save()));
+      log_save(save_start);
     }
     if (new_best)
       best_->commit([&] {
         auto save_guard = watch_.watch("best checkpoint save", StallWatch::Kind::kSave, ckpt_->step());
+        const auto save_start = Clock::now();
         ckpt_->save();
-        log_.save(save_record(ckpt_->last_save()));
+        log_save(save_start);
       });
+  }
+
+  // The save just made, logged once, with what the loop waited for since `since` as its blocked time: the save
+  // call's wall time, which a wait for the previous background save (and a final save's write) is part of. Returns
+  // whether it wrote a record (false: that save was logged already).
+  bool log_save(Clock::time_point since) {
+    SaveRecord r = save_record(ckpt_->last_save());
+    if (r.step == ckpt_->step()) r.blocked_seconds = last_blocked_ = seconds_since(since);
+    return log_.save(r);
   }
 
   // Collective. Forward and backward of this rank's share of the global batch in --grad-accum micro-batches
@@ -391,17 +401,18 @@ class Trainer {
       result_.test_loss = final_eval->loss;
     }
     const double eval_seconds = seconds_since(eval_start);
+    parallel_->wrapper().sync_buffers();
+    const auto save_start = Clock::now();
     {
-      parallel_->wrapper().sync_buffers();
       auto guard =
           watch_.watch(config_.final_checkpoint ? "final checkpoint save" : "wait for the background checkpoint save",
                        StallWatch::Kind::kSave, ckpt_->step());
       ckpt_->finish(config_.final_checkpoint);
     }
     result_.last_checkpoint = ckpt_->last_checkpoint();
-    log_.save(save_record(ckpt_->last_save()));
+    const bool new_save = log_save(save_start);  // else the wait for a background save goes to the end record
     log_.end(ckpt_->step(), ckpt_->data().epoch, result_.train_seconds, final_eval ? &*final_eval : nullptr,
-             eval_seconds);
+             eval_seconds, new_save ? 0 : seconds_since(save_start));
     if (root_) print_summary(final_eval);
     print_goodput();
   }
@@ -447,6 +458,7 @@ class Trainer {
   std::optional<std::pair<int64_t, EvalResult>> last_eval_;  // the step and result of the newest evaluation
   std::optional<AutoInterval> auto_;                         // --checkpoint-every-steps auto
   int64_t next_auto_save_ = 0;                               // with auto_: the step of the next save
+  double last_blocked_ = 0;                                  // the newest save's blocked seconds (log_save)
 };
 
 }  // namespace

@@ -196,7 +196,7 @@ TEST(Goodput, TwoSegmentsAddUpToTheirWallTime) {
     out << R"({"event":"resume","step":6,"world_size":2,"load_seconds":1.5,"process_start":120,"time":124})" << '\n';
     out << R"({"event":"train","step":12,"seconds":6,"steps":6,"time":130})" << '\n';
     out << R"({"event":"save","step":12,"blocked_seconds":0.5,"time":130.5})" << '\n';
-    out << R"({"event":"end","step":12,"eval_seconds":0.75,"time":131.5})" << '\n';
+    out << R"({"event":"end","step":12,"eval_seconds":0.75,"wait_seconds":0.125,"time":131.5})" << '\n';
   }
   const GoodputAccount a = goodput_account(read_metrics_log(path));
   ASSERT_EQ(a.segments.size(), 2u);
@@ -218,7 +218,8 @@ TEST(Goodput, TwoSegmentsAddUpToTheirWallTime) {
   EXPECT_DOUBLE_EQ(s2.startup, 4);
   EXPECT_DOUBLE_EQ(s2.load, 1.5);
   EXPECT_DOUBLE_EQ(s2.eval, 0.75);
-  EXPECT_DOUBLE_EQ(s2.other, 11.5 - 4 - 6 - 0.5 - 0.75);
+  EXPECT_DOUBLE_EQ(s2.blocked, 0.5 + 0.125);  // the save at 12 and the end's wait for a background save
+  EXPECT_DOUBLE_EQ(s2.other, 11.5 - 4 - 6 - 0.5 - 0.125 - 0.75);
   ASSERT_EQ(a.gaps.size(), 1u);
   EXPECT_DOUBLE_EQ(a.gaps[0], 6.25);  // 113.75 to 120: not in the total
   EXPECT_DOUBLE_EQ(a.wall, 25.25);
