@@ -24,6 +24,10 @@ const Subcommand kSubcommands[] = {
      h5ddp::ckpt_tool::run_verify},
     {"diff", "diff A B             per-tensor max abs/rel difference (exit 0 identical, 1 differ, 2 error)",
      h5ddp::ckpt_tool::run_diff},
+    {"goodput",
+     "goodput RUN_DIR [--json]   the run's time across its restarts (RUN_DIR/metrics.jsonl): per segment training\n"
+     "         kept and lost (redone after a kill), blocking saves, start-up and load, evaluation; gaps apart",
+     h5ddp::ckpt_tool::run_goodput},
     {"export",
      "export FILE --to OUT.pt [--add-prefix module.]   a dict for torch.load (model, optimizer, counters);\n"
      "         --format safetensors --to OUT.safetensors: the model's weights only",

@@ -7,9 +7,11 @@
 #include "h5ddp/mpi_comm.hpp"
 #include "h5ddp/mpi_env.hpp"
 #include "train/config.hpp"
+#include "train/goodput.hpp"
 #include "train/trainer.hpp"
 
 int main(int argc, char** argv) {
+  h5ddp::note_main_entry();  // the goodput account's process start where /proc/self/stat cannot say it
   // Every rank parses the same argv, so every rank reaches the same verdict without communicating.
   const h5ddp::ParsedArgs args = h5ddp::parse_train_args(argc, argv);
   if (!args.config) {

@@ -4,7 +4,10 @@ loss (left axis) and learning rate (right axis) against step; the evaluations in
 accuracy, or, for a language model (eval records with "perplexity") and for float targets, the test loss
 (a language model's perplexity, exp(loss), on the right axis); with --grad-clip (train records with
 "grad_norm") a third panel: the gradient norm and the steps skipped for a non-finite norm; and a vertical
-mark at every restart labelled with the world size before and after.
+mark at every restart labelled with the world size before and after. With the records of issue 60 (start and
+resume records carrying process_start) also PREFIX-goodput.png and .svg: a stacked bar per segment (one process
+lifetime) of its seconds: training kept, lost (redone after a kill), saves that blocked, start-up and load,
+evaluation, other (the account of `h5ddp-ckpt goodput RUN_DIR`, docs/GOODPUT.md).
 
   tools/plot_run.py RUN_DIR [--out PREFIX]      writes PREFIX.png and PREFIX.svg (default RUN_DIR/run)
 
@@ -96,6 +99,60 @@ def perplexity_tics(losses):
 
 def value(v):
     return "?" if v is None else repr(v)  # '?': gnuplot's missing value (null: not finite in the run)
+
+
+GOODPUT_PARTS = ("train_kept", "train_lost", "blocked", "startup", "eval", "other")
+
+
+def goodput_segments(records):
+    """Per segment (a start or resume record and what follows it), the seconds of GOODPUT_PARTS: the account of
+    h5ddp-ckpt goodput (src/train/goodput.cpp), for the bars. [] for a log without process_start."""
+    segs = []
+    for r in records:
+        e, t = r.get("event"), r.get("time") or 0
+        if e in ("start", "resume"):
+            start = r.get("process_start", t)
+            segs.append({"start": start, "last": t, "startup": t - start, "train_kept": 0, "train_lost": 0,
+                         "blocked": 0, "eval": 0, "known": "process_start" in r})
+            continue
+        if not segs:
+            continue
+        s = segs[-1]
+        s["last"] = max(s["last"], t)
+        s["train_kept"] += (r.get("seconds") or 0) if e == "train" else 0
+        s["blocked"] += (r.get("blocked_seconds") or 0) if e in ("save", "lost") else (r.get("wait_seconds") or 0)
+        s["eval"] += (r.get("seconds") or 0) if e == "eval" else (r.get("eval_seconds") or 0)
+        s["train_lost"] += (r.get("train_seconds") or 0) if e == "lost" else 0
+    for s in segs:
+        s["other"] = (s["last"] - s["start"]) - sum(s[k] for k in GOODPUT_PARTS[:-1])
+    return segs if segs and all(s["known"] for s in segs) else []
+
+
+def goodput_script(data, terminal, out):
+    colors = ("#2ca02c", "#d62728", "#1f77b4", "#ff7f0e", "#9467bd", "#7f7f7f")
+    titles = ("training kept", "training lost (redone)", "saves (blocking)", "start-up + load", "evaluation", "other")
+    plots = [f"'{data}' using {i + 2}{':xtic(1)' if i == 0 else ''} title '{t}' lc rgb '{c}'"
+             for i, (t, c) in enumerate(zip(titles, colors))]
+    return "\n".join([f"set terminal {terminal}", f"set output '{out}'", "set title 'h5ddp run: time per segment'",
+                      "set style data histograms", "set style histogram rowstacked", "set style fill solid border -1",
+                      "set boxwidth 0.6", "set ylabel 'seconds'", "set xlabel 'segment (process start to last record)'",
+                      "set key outside right", "set yrange [0:*]", "plot " + ", ".join(plots)]) + "\n"
+
+
+def plot_goodput(gnuplot, segs, prefix, tmp):
+    data = os.path.join(tmp, "goodput.dat")
+    with open(data, "w") as f:
+        for i, s in enumerate(segs, 1):
+            f.write(f"{i} " + " ".join(repr(max(0.0, s[k])) for k in GOODPUT_PARTS) + "\n")
+    for terminal, ext in (("pngcairo size 800,500", "png"), ("svg size 800,500 dynamic", "svg")):
+        out = f"{prefix}-goodput.{ext}"
+        p = subprocess.run([gnuplot], input=goodput_script(data, terminal, out), text=True, capture_output=True,
+                           timeout=60)
+        if p.returncode != 0 or not os.path.isfile(out):
+            fail(f"gnuplot failed writing {out}: {p.stderr.strip()}")
+        print(out)
+    kept, wall = sum(s["train_kept"] for s in segs), sum(s["last"] - s["start"] for s in segs)
+    print(f"goodput {100 * kept / wall if wall > 0 else 0:.1f}% over {len(segs)} segments")
 
 
 def gnuplot_script(data_train, data_eval, data_grad, restarts, terminal, out, kind, ppl_tics, norms, skips,
@@ -200,6 +257,9 @@ def main():
             if p.returncode != 0 or not os.path.isfile(out):
                 fail(f"gnuplot failed writing {out}: {p.stderr.strip()}")
             print(out)
+        segs = goodput_segments(records)
+        if segs:
+            plot_goodput(gnuplot, segs, prefix, tmp)
     print(f"{len(train)} training records, {len(evals)} evaluations, {len(restarts)} restarts"
           + (f", {skips} skipped steps" if grads else ""))
 

@@ -12,6 +12,7 @@
 
 #include "h5ddp/checkpoint.hpp"
 #include "h5ddp/error.hpp"
+#include "train/auto_interval.hpp"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -67,7 +68,7 @@ void require(bool ok, const std::string& option, const T& value, const std::stri
 
 // Options given as their negation or parsed further after reading; applied to the TrainConfig by apply_switches.
 struct Switches {
-  std::string mlp_hidden, config_file, watchdog = "auto";
+  std::string mlp_hidden, config_file, watchdog = "auto", every_steps = "0", mtbf;
   bool no_fsync = false, no_eval = false, no_final = false, no_metrics = false, shard_optimizer = false;
   // Word-valued options, turned into TrainConfig's enums by apply_choices.
   std::string optimizer = "adam", shard = "none", checkpoint_write = "auto", load_strategy = "every-rank-reads",
@@ -224,9 +225,13 @@ po::options_description training_options(TrainConfig& c, Switches& sw) {
 
 po::options_description checkpoint_options(TrainConfig& c, Switches& sw) {
   po::options_description ckpt("Checkpoints");
-  ckpt.add_options()("checkpoint-every-steps",
-                     po::value(&c.checkpoint_every_steps)->default_value(c.checkpoint_every_steps),
-                     "save every N optimizer steps (0 = off)")(
+  ckpt.add_options()("checkpoint-every-steps", po::value(&sw.every_steps)->default_value(sw.every_steps),
+                     "save every N optimizer steps (0 = off), or auto: every round(sqrt(2 x save cost x MTBF) / step "
+                     "time) steps (Young/Daly), from the measured blocking time of the saves and the step time, "
+                     "re-estimated after every save; needs --mtbf (docs/GOODPUT.md)")(
+      "mtbf", po::value(&sw.mtbf),
+      "mean time between failures (kills, preemptions) of the job, for --checkpoint-every-steps auto: seconds, or "
+      "a number with a unit s, m, h or d (e.g. 6h)")(
       "checkpoint-every-seconds", po::value(&c.checkpoint_every_seconds)->default_value(c.checkpoint_every_seconds),
       "save every T seconds (each rank checks its clock; one allreduce per step makes all ranks save together; 0 = "
       "off)")("keep-last", po::value(&c.keep_last)->default_value(c.keep_last),
@@ -321,9 +326,30 @@ void apply_choices(TrainConfig& c, const Switches& sw) {
               " continues another checkpoint: pass one of the two");
 }
 
+// --checkpoint-every-steps N | auto and --mtbf DURATION, which only auto uses and auto needs.
+void apply_checkpoint_interval(TrainConfig& c, const Switches& sw) {
+  c.checkpoint_auto = sw.every_steps == "auto";
+  if (!c.checkpoint_auto) {
+    size_t used = 0;
+    try {
+      c.checkpoint_every_steps = std::stoll(sw.every_steps, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    require(used > 0 && used == sw.every_steps.size() && c.checkpoint_every_steps >= 0, "checkpoint-every-steps",
+            sw.every_steps, "must be a number of steps >= 0 (0 = off) or auto");
+  }
+  if (!sw.mtbf.empty() || c.checkpoint_auto) {
+    require(!sw.mtbf.empty(), "checkpoint-every-steps", sw.every_steps,
+            "needs --mtbf DURATION, the mean time between failures of the job (e.g. --mtbf 6h)");
+    c.mtbf_seconds = parse_duration(sw.mtbf, "mtbf");
+    require(c.checkpoint_auto, "mtbf", sw.mtbf, "is only used by --checkpoint-every-steps auto; add that option");
+  }
+}
+
 // The checkpointing, schedule and run options in range, and the options that need each other.
 void validate_run(TrainConfig& c, const Switches& sw) {
-  require(c.checkpoint_every_steps >= 0, "checkpoint-every-steps", c.checkpoint_every_steps, "must be >= 0");
+  apply_checkpoint_interval(c, sw);
   require(c.checkpoint_every_seconds >= 0, "checkpoint-every-seconds", c.checkpoint_every_seconds, "must be >= 0");
   require(c.keep_last >= 0, "keep-last", c.keep_last, "must be >= 0");
   require(c.keep_every >= 0, "keep-every", c.keep_every, "must be >= 0");

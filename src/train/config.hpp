@@ -49,6 +49,8 @@ struct TrainConfig {
   uint64_t seed = 42;
   std::string run_dir = "runs/default";
   int64_t checkpoint_every_steps = 0;   // 0 = off
+  bool checkpoint_auto = false;         // --checkpoint-every-steps auto: Young/Daly's interval (auto_interval.hpp)
+  double mtbf_seconds = 0;              // --mtbf: mean time between failures (needed by auto, used by nothing else)
   double checkpoint_every_seconds = 0;  // 0 = off
   int keep_last = 3;
   int keep_every = 0;

@@ -1,5 +1,6 @@
 #include "train/metrics.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -67,6 +68,145 @@ int64_t metrics_step_of(const std::string& line) {
   return end == line.c_str() + at + key.size() ? -1 : v;
 }
 
+namespace {
+
+// A reader of the flat JSON objects JsonRecord writes: one pass over `s`, failing (false) on anything else.
+class FlatJsonReader {
+ public:
+  explicit FlatJsonReader(const std::string& s) : s_(s) {}
+  void skip_space() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\r' || s_[i_] == '\n')) ++i_;
+  }
+  bool eat(char c) {
+    skip_space();
+    if (i_ >= s_.size() || s_[i_] != c) return false;
+    ++i_;
+    return true;
+  }
+  char peek() {
+    skip_space();
+    return i_ < s_.size() ? s_[i_] : '\0';
+  }
+  bool at_end() {
+    skip_space();
+    return i_ == s_.size();
+  }
+  bool string(std::string& out) {
+    if (!eat('"')) return false;
+    out.clear();
+    while (i_ < s_.size() && s_[i_] != '"') {
+      char c = s_[i_++];
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (i_ >= s_.size()) return false;
+      c = s_[i_++];
+      if (c == 'u') {
+        if (i_ + 4 > s_.size()) return false;
+        append_utf8(out, std::strtoul(s_.substr(i_, 4).c_str(), nullptr, 16));
+        i_ += 4;
+        continue;
+      }
+      const std::string from = "\"\\/bfnrt", to = "\"\\/\b\f\n\r\t";
+      const size_t k = from.find(c);
+      if (k == std::string::npos) return false;
+      out += to[k];
+    }
+    return eat('"');
+  }
+  // A number, true, false or null: the literal's text up to the next ',' or '}'.
+  bool literal(std::string& out) {
+    skip_space();
+    const size_t end = s_.find_first_of(",}", i_);
+    if (end == std::string::npos || end == i_) return false;
+    out = s_.substr(i_, end - i_);
+    while (!out.empty() && (out.back() == ' ' || out.back() == '\t')) out.pop_back();
+    i_ = end;
+    return true;
+  }
+
+ private:
+  static void append_utf8(std::string& out, unsigned long cp) {
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xC0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      out += static_cast<char>(0xE0 | (cp >> 12));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+  const std::string& s_;
+  size_t i_ = 0;
+};
+
+}  // namespace
+
+std::optional<MetricsRecord> MetricsRecord::parse(const std::string& line) {
+  FlatJsonReader in(line);
+  MetricsRecord r;
+  if (!in.eat('{')) return std::nullopt;
+  if (in.eat('}')) return in.at_end() ? std::optional<MetricsRecord>(r) : std::nullopt;
+  do {
+    std::string key;
+    Value v;
+    if (!in.string(key) || !in.eat(':')) return std::nullopt;
+    if (in.peek() == '"') {
+      if (!in.string(v.text)) return std::nullopt;
+      v.is_string = true;
+    } else {
+      std::string lit;
+      if (!in.literal(lit)) return std::nullopt;
+      char* end = nullptr;
+      v.number = std::strtod(lit.c_str(), &end);
+      v.is_number = end == lit.c_str() + lit.size();
+      if (!v.is_number && lit != "null" && lit != "true" && lit != "false") return std::nullopt;
+      if (lit == "true") v.number = 1;
+    }
+    r.fields_[key] = v;
+  } while (in.eat(','));
+  if (!in.eat('}') || !in.at_end()) return std::nullopt;
+  return r;
+}
+
+std::optional<double> MetricsRecord::number(const std::string& key) const {
+  const auto it = fields_.find(key);
+  if (it == fields_.end() || !it->second.is_number) return std::nullopt;
+  return it->second.number;
+}
+
+std::string MetricsRecord::text(const std::string& key) const {
+  const auto it = fields_.find(key);
+  return it == fields_.end() || !it->second.is_string ? std::string() : it->second.text;
+}
+
+std::string lost_record(int64_t resumed_step, const std::vector<std::string>& dropped) {
+  if (dropped.empty()) return "";
+  int64_t last_step = resumed_step;
+  double train = 0, blocked = 0, eval = 0, time = 0;
+  for (const auto& line : dropped) {
+    const auto r = MetricsRecord::parse(line);
+    if (!r) continue;
+    last_step = std::max<int64_t>(last_step, static_cast<int64_t>(r->number_or("step", 0)));
+    time = std::max(time, r->number_or("time", 0));
+    if (r->event() == "train") train += r->number_or("seconds", 0);
+    if (r->event() == "save") blocked += r->number_or("blocked_seconds", 0);
+    if (r->event() == "eval") eval += r->number_or("seconds", 0);
+  }
+  // No "step" field: a later resume from an earlier step keeps this record (it sums up steps already redone).
+  JsonRecord lost("lost");
+  lost.add("first_step", resumed_step + 1)
+      .add("last_step", last_step)
+      .add("train_seconds", train)
+      .add("blocked_seconds", blocked)
+      .add("eval_seconds", eval)
+      .add("records", static_cast<int64_t>(dropped.size()));
+  return lost.add("time", time).line();
+}
+
 MetricsLog::MetricsLog(const std::string& run_dir, bool enabled)
     : path_(run_dir + "/metrics.jsonl"), enabled_(enabled) {}
 
@@ -74,17 +214,17 @@ void MetricsLog::truncate_after(int64_t step) {
   if (!enabled_) return;
   std::ifstream in(path_);
   if (!in) return;
-  std::vector<std::string> kept;
-  size_t dropped = 0;
+  std::vector<std::string> kept, dropped;
   for (std::string line; std::getline(in, line);) {
     if (line.empty()) continue;
     if (metrics_step_of(line) > step)
-      ++dropped;
+      dropped.push_back(line);
     else
       kept.push_back(line);
   }
   in.close();
-  if (dropped == 0) return;
+  if (dropped.empty()) return;
+  kept.push_back(lost_record(step, dropped));
   const std::string tmp = path_ + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);

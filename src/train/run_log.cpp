@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "h5ddp/stop_signal.hpp"
+#include "train/goodput.hpp"
 #include "train/resume_hint.hpp"
 
 namespace h5ddp {
@@ -24,20 +25,33 @@ std::string printf_string(const char* format, ...) {
 
 }  // namespace
 
+void RunLog::write(JsonRecord r) {
+  last_record_ = Clock::now();
+  log_.write(std::move(r));
+}
+
 void RunLog::start(int64_t step, int world_size) {
-  log_.write(JsonRecord("start").add("step", step).add("world_size", world_size));
+  const ProcessStart p = process_start();
+  write(JsonRecord("start")
+            .add("step", step)
+            .add("world_size", world_size)
+            .add("process_start", p.seconds)
+            .add("process_start_from", p.source));
 }
 
 void RunLog::resume(int64_t step, int world_size, const std::string& from, int saved_world_size, double load_seconds) {
-  log_.write(JsonRecord("resume")
-                 .add("step", step)
-                 .add("world_size", world_size)
-                 .add("from", from)
-                 .add("saved_world_size", saved_world_size)
-                 .add("load_seconds", load_seconds));
+  const ProcessStart p = process_start();
+  write(JsonRecord("resume")
+            .add("step", step)
+            .add("world_size", world_size)
+            .add("from", from)
+            .add("saved_world_size", saved_world_size)
+            .add("load_seconds", load_seconds)
+            .add("process_start", p.seconds)
+            .add("process_start_from", p.source));
 }
 
-void RunLog::train(int64_t step, int64_t epoch, double loss, double lr, int64_t global_batch, bool last,
+void RunLog::train(int64_t step, int64_t epoch, double loss, double lr, int64_t global_batch, bool flush,
                    std::optional<double> grad_norm, int64_t skipped, int64_t tokens_per_sample) {
   loss_ += loss;
   ++steps_;
@@ -45,7 +59,7 @@ void RunLog::train(int64_t step, int64_t epoch, double loss, double lr, int64_t 
     grad_norm_ += *grad_norm;
     ++norms_;
   }
-  if (step % interval_ != 0 && !last) return;
+  if (step % interval_ != 0 && !flush && seconds_since(last_record_) < kHeartbeatSeconds) return;
   const double el = seconds_since(interval_start_);
   const double samples_per_s = el > 0 ? static_cast<double>(steps_ * global_batch) / el : 0.0;
   JsonRecord r("train");
@@ -53,7 +67,9 @@ void RunLog::train(int64_t step, int64_t epoch, double loss, double lr, int64_t 
       .add("epoch", epoch)
       .add("loss", loss_ / static_cast<double>(steps_))
       .add("lr", lr)
-      .add("samples_per_s", samples_per_s);
+      .add("samples_per_s", samples_per_s)
+      .add("seconds", el)
+      .add("steps", steps_);
   if (tokens_per_sample > 0) r.add("tokens_per_s", samples_per_s * static_cast<double>(tokens_per_sample));
   if (grad_norm) {  // --grad-clip: the interval's mean finite norm
     if (norms_ > 0)
@@ -62,7 +78,7 @@ void RunLog::train(int64_t step, int64_t epoch, double loss, double lr, int64_t 
       r.add_null("grad_norm");
     r.add("skipped_steps", skipped);
   }
-  log_.write(r);
+  write(r);
   loss_ = 0;
   steps_ = 0;
   grad_norm_ = 0;
@@ -70,15 +86,24 @@ void RunLog::train(int64_t step, int64_t epoch, double loss, double lr, int64_t 
   interval_start_ = Clock::now();
 }
 
-void RunLog::eval(int64_t step, int64_t epoch, const EvalResult& r) {
+void RunLog::eval(int64_t step, int64_t epoch, const EvalResult& r, double seconds) {
   JsonRecord e("eval");
   e.add("step", step).add("epoch", epoch).add("accuracy", r.accuracy).add("loss", r.loss);
   if (r.perplexity >= 0) e.add("perplexity", r.perplexity);
-  log_.write(e);
+  write(e.add("seconds", seconds));
 }
 
-void RunLog::save(const SaveRecord& s) {
-  if (s.step < 0 || s.step == saved_step_) return;
+void RunLog::interval(int64_t step, int64_t steps, double save_seconds, double step_seconds, double mtbf_seconds) {
+  write(JsonRecord("interval")
+            .add("step", step)
+            .add("every_steps", steps)
+            .add("save_seconds", save_seconds)
+            .add("step_seconds", step_seconds)
+            .add("mtbf_seconds", mtbf_seconds));
+}
+
+bool RunLog::save(const SaveRecord& s) {
+  if (s.step < 0 || s.step == saved_step_) return false;
   saved_step_ = s.step;
   JsonRecord r("save");
   r.add("step", s.step).add("path", s.path).add("async", s.async).add("blocked_seconds", s.blocked_seconds);
@@ -86,30 +111,33 @@ void RunLog::save(const SaveRecord& s) {
     r.add_null("seconds");  // written in the background: known when it commits
   else
     r.add("seconds", s.seconds);
-  log_.write(r.add("bytes", static_cast<int64_t>(s.bytes)));
+  write(r.add("bytes", static_cast<int64_t>(s.bytes)));
+  return true;
 }
 
 void RunLog::stop(int64_t step, int exit_code, const std::string& checkpoint) {
-  log_.write(JsonRecord("stop")
-                 .add("step", step)
-                 .add("exit_code", exit_code)
-                 .add("signal", exit_code == stop_signal::kExitRequeue ? "SIGUSR1/SIGTERM" : "SIGINT")
-                 .add("checkpoint", checkpoint));
+  write(JsonRecord("stop")
+            .add("step", step)
+            .add("exit_code", exit_code)
+            .add("signal", exit_code == stop_signal::kExitRequeue ? "SIGUSR1/SIGTERM" : "SIGINT")
+            .add("checkpoint", checkpoint));
 }
 
-void RunLog::end(int64_t step, int64_t epoch, double train_seconds, const EvalResult* final_eval) {
+void RunLog::end(int64_t step, int64_t epoch, double train_seconds, const EvalResult* final_eval, double eval_seconds,
+                 double wait_seconds) {
   JsonRecord end("end");
   end.add("step", step).add("epoch", epoch).add("exit_code", 0).add("train_seconds", train_seconds);
   if (final_eval != nullptr) {
     if (final_eval->accuracy >= 0) end.add("test_accuracy", final_eval->accuracy);
     end.add("test_loss", final_eval->loss);
     if (final_eval->perplexity >= 0) end.add("test_perplexity", final_eval->perplexity);
+    end.add("eval_seconds", eval_seconds);
   }
-  log_.write(end);
+  write(end.add("wait_seconds", wait_seconds));
 }
 
 void RunLog::error(int64_t step, const std::string& message) {
-  log_.write(JsonRecord("error").add("step", step).add("message", message));
+  write(JsonRecord("error").add("step", step).add("message", message));
 }
 
 namespace console {

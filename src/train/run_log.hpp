@@ -39,23 +39,35 @@ class RunLog {
   RunLog(const std::string& run_dir, bool enabled) : log_(run_dir, enabled) {}
 
   void set_interval(int64_t steps) { interval_ = steps > 0 ? steps : 1; }
+  bool enabled() const { return log_.enabled(); }
+  const std::string& path() const { return log_.path(); }
   // The steps after `step` are redone: their records go, so the log never holds two versions.
   void truncate_after(int64_t step) { log_.truncate_after(step); }
+  // The first record of a process: both carry process_start (goodput.hpp process_start(), rank 0's).
   void start(int64_t step, int world_size);
   void resume(int64_t step, int world_size, const std::string& from, int saved_world_size, double load_seconds);
-  // After optimizer step `step`: a "train" record every interval steps and at `last`.
-  // `grad_norm`: the step's total gradient norm with --grad-clip (NaN: the step was skipped); `skipped`: steps skipped
-  // so far for a non-finite norm. `tokens_per_sample`: a language model's T (the record adds tokens_per_s).
-  void train(int64_t step, int64_t epoch, double loss, double lr, int64_t global_batch, bool last,
+  // After optimizer step `step`: a "train" record every interval steps, at `flush` (the last step, and a step that
+  // saves or evaluates: a resume then drops whole intervals, docs/METRICS.md) and when kHeartbeatSeconds have passed
+  // since the last record (a killed run's end is known to within that). Each says the training seconds and steps it
+  // covers. `grad_norm`: the step's total gradient norm with --grad-clip (NaN: the step was skipped); `skipped`:
+  // steps skipped so far for a non-finite norm. `tokens_per_sample`: a language model's T (adds tokens_per_s).
+  void train(int64_t step, int64_t epoch, double loss, double lr, int64_t global_batch, bool flush,
              std::optional<double> grad_norm = std::nullopt, int64_t skipped = 0, int64_t tokens_per_sample = 0);
+  static constexpr double kHeartbeatSeconds = 10;
   // Time not to count as training (evaluations, saves) since the interval began.
   void pause(Clock::duration d) { interval_start_ += d; }
   void restart_interval() { interval_start_ = Clock::now(); }
-  void eval(int64_t step, int64_t epoch, const EvalResult& r);
-  // Once per save (a second call for the same step does nothing).
-  void save(const SaveRecord& s);
+  // `seconds`: the evaluation's wall time.
+  void eval(int64_t step, int64_t epoch, const EvalResult& r, double seconds);
+  // --checkpoint-every-steps auto: the interval chosen after a save (or at the start) and what it came from.
+  void interval(int64_t step, int64_t steps, double save_seconds, double step_seconds, double mtbf_seconds);
+  // Once per save (a second call for the same step does nothing: returns false).
+  bool save(const SaveRecord& s);
   void stop(int64_t step, int exit_code, const std::string& checkpoint);
-  void end(int64_t step, int64_t epoch, double train_seconds, const EvalResult* final_eval);
+  // `eval_seconds`: the final evaluation's wall time (0 without one); `wait_seconds`: the end's wait for a background
+  // save when it made no new save (whose record would carry it).
+  void end(int64_t step, int64_t epoch, double train_seconds, const EvalResult* final_eval, double eval_seconds = 0,
+           double wait_seconds = 0);
   void error(int64_t step, const std::string& message);
 
  private:
@@ -66,7 +78,9 @@ class RunLog {
   double grad_norm_ = 0;  // sum over the interval's steps with a finite norm
   int64_t norms_ = 0;
   Clock::time_point interval_start_ = Clock::now();
+  Clock::time_point last_record_ = Clock::now();
   int64_t saved_step_ = -1;
+  void write(JsonRecord r);
 };
 
 // Console text of rank 0 (each without the final newline unless it is several lines).

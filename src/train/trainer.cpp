@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -16,10 +17,12 @@
 #include "h5ddp/sampler.hpp"
 #include "h5ddp/stop_signal.hpp"
 #include "h5ddp/torch_state.hpp"
+#include "train/auto_interval.hpp"
 #include "train/batch.hpp"
 #include "train/data_checks.hpp"
 #include "train/dataset.hpp"
 #include "train/device_setup.hpp"
+#include "train/goodput.hpp"
 #include "train/keep_best.hpp"
 #include "train/loop_setup.hpp"
 #include "train/lr_schedule.hpp"
@@ -148,6 +151,7 @@ class Trainer {
     }
     ckpt_->set_scheduler_state([this](int64_t s) { return schedule_.to_state(s); });
     log_.set_interval(config_.log_every > 0 ? config_.log_every : std::max<int64_t>(1, total_steps_ / 200));
+    start_auto_interval();
   }
 
   bool done() const { return ckpt_->step() >= total_steps_ || ckpt_->data().epoch >= config_.epochs; }
@@ -180,23 +184,77 @@ class Trainer {
     const double loss = forward_backward(sampler_->local_indices(data.epoch, data.position), schedule_.lr_at(step));
     const bool epoch_ended = sampler_->advance(data);  // the rest of the permutation that fills no batch is dropped
     StepOutcome outcome = ckpt_->agree_step(step + 1, loss);
+    if (auto_ && step + 1 >= next_auto_save_) outcome.save_due = true;  // the same step on every rank
     progress_->update(step + 1, data.epoch, config_.epochs, outcome.value_mean, data.global_batch, done());
     const SampleSpec& spec = train_set_->spec();
-    log_.train(step + 1, data.epoch, outcome.value_mean, schedule_.lr_at(step), data.global_batch, done(), grad_norm_,
-               skipped_steps_, spec.tokens ? spec.numel() : 0);
+    const bool eval_due = (config_.eval_every_steps > 0 && (step + 1) % config_.eval_every_steps == 0) ||
+                          (config_.eval_every_epoch && epoch_ended);
+    log_.train(step + 1, data.epoch, outcome.value_mean, schedule_.lr_at(step), data.global_batch,
+               done() || outcome.save_due || eval_due, grad_norm_, skipped_steps_, spec.tokens ? spec.numel() : 0);
     guard.release();
     watch_.observe(StallWatch::Kind::kStep, seconds_since(step_start));
     const auto pause_start = Clock::now();  // evaluations and saves do not count as training time
-    after_step(step + 1, outcome,
-               (config_.eval_every_steps > 0 && (step + 1) % config_.eval_every_steps == 0) ||
-                   (config_.eval_every_epoch && epoch_ended));
-    log_.pause(Clock::now() - pause_start);
+    after_step(step + 1, outcome, eval_due);
+    const auto pause = Clock::now() - pause_start;
+    log_.pause(pause);
     if (outcome.stop) return false;
     if (config_.step_sleep_ms > 0) {  // stands for compute in tests: watched like the step it stands for
       auto sleep_guard = watch_.watch("step sleep (--step-sleep-ms)", StallWatch::Kind::kStep, step + 1);
       std::this_thread::sleep_for(std::chrono::milliseconds(config_.step_sleep_ms));
     }
+    if (auto_) auto_->observe_step(std::chrono::duration<double>(Clock::now() - step_start - pause).count());
+    if (auto_ && outcome.save_due) replan_interval(step + 1);
     return true;
+  }
+
+  // --checkpoint-every-steps auto: the first interval, from the resumed checkpoint's /meta when it has one.
+  void start_auto_interval() {
+    if (!config_.checkpoint_auto) return;
+    int64_t first = AutoInterval::kFirstSteps;
+    const auto it = info_.meta.find(kIntervalMeta);
+    if (info_.resumed && it != info_.meta.end()) first = std::max<int64_t>(1, std::atoll(it->second.c_str()));
+    auto_.emplace(config_.mtbf_seconds, first);
+    next_auto_save_ = ckpt_->step() + auto_->steps();
+    ckpt_->set_meta(kIntervalMeta, std::to_string(auto_->steps()));
+    log_.interval(ckpt_->step(), auto_->steps(), 0, 0, config_.mtbf_seconds);
+    char line[200];
+    std::snprintf(line, sizeof line, "checkpoint interval: %lld steps (auto, MTBF %.6g s; %s)",
+                  static_cast<long long>(auto_->steps()), config_.mtbf_seconds,
+                  it != info_.meta.end() && info_.resumed ? "the resumed checkpoint's, until a save is measured"
+                                                          : "until the first save is measured");
+    if (root_) log::root_info(line);
+  }
+
+  // Collective (every rank saved at this step). Re-estimates the interval from this save's blocked time and the
+  // steps since the last one, agreed as the maximum over ranks so every rank computes the same interval.
+  void replan_interval(int64_t step) {
+    double measured[2] = {ckpt_->last_save().step == step ? last_blocked_ : auto_->save_seconds(),
+                          auto_->mean_step_seconds()};
+    comm_.allreduce(measured, 2, DType::kF64, ReduceOp::kMax);
+    const int64_t before = auto_->steps();
+    auto_->update(measured[0], measured[1]);
+    next_auto_save_ = step + auto_->steps();
+    ckpt_->set_meta(kIntervalMeta, std::to_string(auto_->steps()));
+    log_.interval(step, auto_->steps(), auto_->save_seconds(), auto_->step_seconds(), auto_->mtbf_seconds());
+    if (root_ && auto_->steps() != before) {
+      char line[200];
+      std::snprintf(
+          line, sizeof line, "checkpoint interval: %lld steps (auto: save blocks %.3g s, step %.3g s, MTBF %.6g s)",
+          static_cast<long long>(auto_->steps()), auto_->save_seconds(), auto_->step_seconds(), auto_->mtbf_seconds());
+      progress_->end_line();
+      log::root_info(line);
+    }
+  }
+
+  // Rank 0, with the metrics log: the goodput of this segment and of the run so far (goodput.hpp).
+  void print_goodput() const {
+    if (!root_ || !log_.enabled()) return;
+    try {
+      std::printf("%s\n", goodput_line(goodput_account(read_metrics_log(log_.path()))).c_str());
+      std::fflush(stdout);
+    } catch (const std::exception& e) {
+      log::warn(std::string("goodput: ") + e.what());
+    }
   }
 
   // Collective. The evaluation and the saves a step asks for (keep-best's save after the step's own).
@@ -210,14 +268,24 @@ class Trainer {
       auto save_guard = watch_.watch("checkpoint save", StallWatch::Kind::kSave, step);
       ckpt_->save_if_due(outcome);
       watch_.observe(StallWatch::Kind::kSave, seconds_since(save_start));
-      log_.save(save_record(ckpt_->last_save()));
+      log_save(save_start);
     }
     if (new_best)
       best_->commit([&] {
         auto save_guard = watch_.watch("best checkpoint save", StallWatch::Kind::kSave, ckpt_->step());
+        const auto save_start = Clock::now();
         ckpt_->save();
-        log_.save(save_record(ckpt_->last_save()));
+        log_save(save_start);
       });
+  }
+
+  // The save just made, logged once, with what the loop waited for since `since` as its blocked time: the save
+  // call's wall time, which a wait for the previous background save (and a final save's write) is part of. Returns
+  // whether it wrote a record (false: that save was logged already).
+  bool log_save(Clock::time_point since) {
+    SaveRecord r = save_record(ckpt_->last_save());
+    if (r.step == ckpt_->step()) r.blocked_seconds = last_blocked_ = seconds_since(since);
+    return log_.save(r);
   }
 
   // Collective. Forward and backward of this rank's share of the global batch in --grad-accum micro-batches
@@ -295,8 +363,9 @@ class Trainer {
   // Collective. A distributed evaluation during training: in the metrics log, on the console and in the next
   // checkpoint's meta.
   EvalResult evaluate_now() {
+    const auto t0 = Clock::now();
     const EvalResult r = evaluate_for_meta();
-    log_.eval(ckpt_->step(), ckpt_->data().epoch, r);
+    log_.eval(ckpt_->step(), ckpt_->data().epoch, r, seconds_since(t0));
     if (root_) {
       progress_->end_line();
       std::printf("%s\n", console::eval_line(ckpt_->step(), r, test_set_->size()).c_str());
@@ -315,6 +384,7 @@ class Trainer {
     }
     log_.save(save_record(ckpt_->last_save()));
     log_.stop(ckpt_->step(), result_.exit_code, ckpt_->last_checkpoint());
+    print_goodput();
     return result_;
   }
 
@@ -323,23 +393,28 @@ class Trainer {
   // at this very step is not repeated.
   void finish() {
     std::optional<EvalResult> final_eval;
+    const auto eval_start = Clock::now();
     if (config_.evaluate) {
       parallel_->wrapper().sync_buffers();
       final_eval = last_eval_ && last_eval_->first == ckpt_->step() ? last_eval_->second : evaluate_for_meta();
       result_.test_accuracy = final_eval->accuracy;
       result_.test_loss = final_eval->loss;
     }
+    const double eval_seconds = seconds_since(eval_start);
+    parallel_->wrapper().sync_buffers();
+    const auto save_start = Clock::now();
     {
-      parallel_->wrapper().sync_buffers();
       auto guard =
           watch_.watch(config_.final_checkpoint ? "final checkpoint save" : "wait for the background checkpoint save",
                        StallWatch::Kind::kSave, ckpt_->step());
       ckpt_->finish(config_.final_checkpoint);
     }
     result_.last_checkpoint = ckpt_->last_checkpoint();
-    log_.save(save_record(ckpt_->last_save()));
-    log_.end(ckpt_->step(), ckpt_->data().epoch, result_.train_seconds, final_eval ? &*final_eval : nullptr);
+    const bool new_save = log_save(save_start);  // else the wait for a background save goes to the end record
+    log_.end(ckpt_->step(), ckpt_->data().epoch, result_.train_seconds, final_eval ? &*final_eval : nullptr,
+             eval_seconds, new_save ? 0 : seconds_since(save_start));
     if (root_) print_summary(final_eval);
+    print_goodput();
   }
 
   void print_summary(const std::optional<EvalResult>& final_eval) const {
@@ -381,6 +456,9 @@ class Trainer {
   int64_t skipped_steps_ = 0;        // steps skipped for a non-finite gradient norm by this process
   ResumeInfo info_;                  // what the resume found (resumed false: a fresh start)
   std::optional<std::pair<int64_t, EvalResult>> last_eval_;  // the step and result of the newest evaluation
+  std::optional<AutoInterval> auto_;                         // --checkpoint-every-steps auto
+  int64_t next_auto_save_ = 0;                               // with auto_: the step of the next save
+  double last_blocked_ = 0;                                  // the newest save's blocked seconds (log_save)
 };
 
 }  // namespace

@@ -50,10 +50,12 @@ RUN = {
     "H5DDP_RUN_DIR=runs/metrics jobs/train-local.sh --eval-every-steps 100 --keep-best --checkpoint-every-steps 100":
         {"H5DDP_TRAIN_ARGS": "--max-steps 100"},
     "tools/plot_run.py runs/metrics": {},
+    "build/tools/h5ddp-ckpt goodput runs/metrics": {},
     "h5dump -A runs/default/ckpt-00000500.h5": {},
     "build/tools/h5ddp-ckpt info runs/default/ckpt-00000500.h5": {},
     "build/tools/h5ddp-ckpt verify runs/default/*.h5": {},
     "build/tools/h5ddp-ckpt diff runs/default/ckpt-00000500.h5 runs/exp1/$(cat runs/exp1/latest)": {},
+    "build/tools/h5ddp-ckpt goodput runs/default": {},
     "build/tools/h5ddp-ckpt export runs/default/ckpt-00000500.h5 --to ckpt.pt": {},
     "/usr/bin/python3 -c 'import torch; torch.save(torch.load(\"ckpt.pt\")[\"model\"], \"model.pt\")'": {},
     "build/tools/h5ddp-ckpt import model.pt --to init.h5 --model cnn": {},

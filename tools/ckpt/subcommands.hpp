@@ -13,9 +13,10 @@ namespace h5ddp::ckpt_tool {
 
 using Args = std::vector<std::string>;
 
-int run_info(const Args& args);    // info FILE: 0 ok, 1 not a valid checkpoint
-int run_verify(const Args& args);  // verify FILE...: 0 all valid, 1 otherwise
-int run_diff(const Args& args);    // diff A B: 0 identical, 1 differ, 2 error
+int run_info(const Args& args);     // info FILE: 0 ok, 1 not a valid checkpoint
+int run_verify(const Args& args);   // verify FILE...: 0 all valid, 1 otherwise
+int run_diff(const Args& args);     // diff A B: 0 identical, 1 differ, 2 error
+int run_goodput(const Args& args);  // goodput RUN_DIR [--json]: 0 reported, 1 no metrics log or no run in it
 // export / import / eval: exec h5ddp-ckpt-torch (LibTorch) from this program's directory (ckpt/torch_tool.cpp).
 int run_export(const Args& args);
 int run_import(const Args& args);
