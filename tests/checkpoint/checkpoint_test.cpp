@@ -400,6 +400,36 @@ TEST(Checkpoint, CorruptBytesRaiseChecksumErrorNamingTheDataset) {
   world.barrier();
 }
 
+// docs/FORMAT.md R22: a bool tensor holding a byte other than 0 and 1 (raw bytes a library caller passed) is damage
+// to the loader, with either load strategy, and to both verifiers, naming the rule, the dataset and the file.
+TEST(Checkpoint, BoolBytesOtherThanZeroAndOneAreDamage) {
+  auto& world = test::world();
+  const std::string dir = test::scratch_dir("bool-bytes");
+  OwnedState s(7, world.rank());
+  uint8_t flags[4] = {0, 1, 2, 1};
+  s.state.user.push_back(TensorRef{"flags", DType::kBool, {4}, flags});
+  const std::string path = save_checkpoint(world, s.state, dir).path;
+  for (LoadStrategy strategy : {LoadStrategy::kShareExchange, LoadStrategy::kEveryRankReads}) {
+    OwnedState dst(7, world.rank(), false);
+    uint8_t back[4] = {};
+    dst.state.user.push_back(TensorRef{"flags", DType::kBool, {4}, back});
+    LoadOptions lo;
+    lo.strategy = strategy;
+    try {
+      load_checkpoint(world, path, dst.state, lo);
+      ADD_FAILURE() << "a bool tensor holding 2 loaded";
+    } catch (const CheckpointError& e) {
+      EXPECT_EQ(dynamic_cast<const CheckpointMismatchError*>(&e), nullptr) << e.what();
+      EXPECT_TRUE(contains(e.what(), "R22: bool dataset /user/flags")) << e.what();
+      EXPECT_TRUE(contains(e.what(), path)) << e.what();
+    }
+  }
+  const VerifyReport rep = verify_checkpoint_file(path);
+  ASSERT_EQ(rep.problems.size(), 1u);
+  EXPECT_TRUE(contains(rep.problems[0], "R22: bool dataset /user/flags")) << rep.problems[0];
+  world.barrier();
+}
+
 // One rank's copy goes wrong (its reads or page cache on another node, or the exchange) while the file and every
 // other rank's copy are right: the load must fail on every rank, naming the rank, the dataset and the file.
 // Until 2026-12-05 each dataset was verified by one rank only and this passed silently whenever that rank was
