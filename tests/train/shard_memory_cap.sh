@@ -4,7 +4,7 @@
 # heap or from mmap). An MLP of 4 hidden layers of 3072 (30.7 M parameters; Adam fp32: 16 bytes each = 469 MiB of
 # training state) cannot train replicated at 4 ranks under CAP_MIB: the run fails on an allocation. The same cap,
 # 4 ranks, --shard parameters: trains, saves, and resumes from its checkpoint (and the resumed run goes on).
-# The cap sits between the two runs' measured needs (see docs/BENCHMARKS.md, "Sharded training state").
+# The cap sits between the two runs' measured needs (see docs/BENCHMARKS_TRAINING.md, "Sharded training state").
 RUN_TIMEOUT=300 BATCH_SIZE=16
 source "$(dirname "$0")/lib.sh"
 CAP_MIB=${CAP_MIB:-900}

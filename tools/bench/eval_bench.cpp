@@ -1,7 +1,7 @@
 // h5ddp-bench-eval: CPU time per image of the evaluation forward (score_rows, the code of h5ddp-ckpt eval and
 // h5ddp-train's evaluations) at several batch sizes, beside a training step's forward (train mode, autograd on,
 // the per-rank batch of the default job) and forward + backward, on the same model and the same images, one
-// process, one thread, alternating rounds. Results: docs/BENCHMARKS.md "Evaluation speed".
+// process, one thread, alternating rounds. Results: docs/BENCHMARKS_TRAINING.md "Evaluation speed".
 //   h5ddp-bench-eval [--model cnn|mlp] [--images N] [--rounds R] [--train-batch B] [--data-dir DIR] [--heap
 //   keep|default]
 // --heap keep (the default): keep_freed_memory_in_heap(), as h5ddp-ckpt eval and a replicated h5ddp-train do;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Evaluation speed (docs/BENCHMARKS.md "Evaluation speed"): CPU time per image of the evaluation forward beside a
+# Evaluation speed (docs/BENCHMARKS_TRAINING.md "Evaluation speed"): CPU time per image of the evaluation forward beside a
 # training step's forward, for the CNN and the MLP, with glibc's default heap thresholds and with the heap kept
 # (keep_freed_memory_in_heap, what h5ddp-ckpt eval and a replicated h5ddp-train use); then `h5ddp-ckpt eval` of a
 # default-job checkpoint, timed whole (user + sys), as the issue that found it measured it.

@@ -4,7 +4,7 @@
 // rotating order, so that they share the machine's state. Per configuration: the median step time, and for stage 3
 // the time the step spent gathering (blocking gathers and waits for prefetched ones, Stats::gather_seconds) and
 // the gathers per step. Rank 0 prints RESULT lines (tools/bench/fsdp_bench.sh makes the table of
-// docs/BENCHMARKS.md "ZeRO-3 prefetch").
+// docs/BENCHMARKS_TRAINING.md "ZeRO-3 prefetch").
 //
 //   mpirun -np N h5ddp-bench-fsdp [--model mlp|gpt] [--hidden 4256,4256,...] [--model-file gpt.pt]
 //       [--unit-params 0] [--batch 8] [--steps 3] [--rounds 3] [--warmup 2] [--configs replicated,prefetch,blocking]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ZeRO-3 prefetch (FsdpOptions::prefetch, --shard-prefetch) against blocking gathers and against replicated training:
 # h5ddp-bench-fsdp per model and rank count, its three configurations alternating within the one MPI job. Models:
-# the MLP of docs/BENCHMARKS.md "Sharded training state" (8 hidden layers of 4256, 130 M parameters) and a GPT scripted
+# the MLP of docs/BENCHMARKS_TRAINING.md "Sharded training state" (8 hidden layers of 4256, 130 M parameters) and a GPT scripted
 # by tools/examples/gpt.py (4 layers, dim 256, context 64, vocabulary 256, tied head). Prints the RESULT/RATIO lines
 # and a markdown table of median step times; raw lines go to $LOG.
 #
