@@ -166,6 +166,15 @@ def _result(path, m, arrays):
                       meta=m.meta, user=user)
 
 
+def _check_rng_rows(path, cpu_rows):
+    """Rows of another generator's state length cannot be restored: the file is another model's for this process
+    (docs/FORMAT.md "Decisions of revision 2"), refused before anything is touched."""
+    mine = torch.get_rng_state().numel()
+    if cpu_rows.shape[1] not in (0, mine):
+        raise CheckpointMismatchError(f"{path}: {fmt.RNG_CPU} rows are {cpu_rows.shape[1]} bytes; this process's CPU "
+                                      f"generator state is {mine} bytes (another generator): it cannot be restored")
+
+
 def load(path, model, optimizer=None, *, comm=None, rng=True, weights_only=False, user=None):
     """Collective. Loads checkpoint `path` into `model` (a DistributedDataParallel wrapper or the module inside;
     "module." prefixes are handled) and `optimizer` (torch.optim.Adam, AdamW or SGD; its hyperparameters come
@@ -183,6 +192,8 @@ def load(path, model, optimizer=None, *, comm=None, rng=True, weights_only=False
     planned = None
     try:
         planned = _plan(path, model, optimizer, user, weights_only)
+        if rng and not weights_only:
+            _check_rng_rows(path, planned[1][fmt.RNG_CPU][1])
         error = None
     except CheckpointError as e:
         error = e

@@ -287,12 +287,27 @@ void Checkpointer::set_scheduler_state(std::function<SchedulerState(int64_t)> fn
   impl_->scheduler = std::move(fn);
 }
 
+namespace {
+// docs/FORMAT.md "Decisions of revision 2": rows of another generator's state length (another PyTorch, another
+// generator) cannot be restored: the file is another model's for this process, refused before anything is kept.
+// Every rank judges the same rows (all of them), so the verdict agrees.
+void check_rng_rows(const std::vector<RngState>& rows, const std::string& path) {
+  const size_t mine = capture_rng().cpu.size();
+  for (const auto& row : rows)
+    if (!row.cpu.empty() && row.cpu.size() != mine)
+      throw CheckpointMismatchError(path + ": " + format::kRngCpu + " rows are " + std::to_string(row.cpu.size()) +
+                                    " bytes; this process's CPU generator state is " + std::to_string(mine) +
+                                    " bytes (another generator): it cannot be restored");
+}
+}  // namespace
+
 ResumeInfo Checkpointer::load_resumed(const std::string& path) {
   std::optional<Snapshot> snap;
   TrainState st;
   try {
     snap = impl_->take();
     st = impl_->load(comm_, path, options_.load, false);
+    check_rng_rows(st.rng_by_rank, path);
   } catch (CheckpointError& e) {
     if (snap) impl_->put_back(*snap);
     if (e.file().empty()) e.set_file(path);  // the same path on every rank: the error names its file as a field

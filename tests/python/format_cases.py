@@ -324,7 +324,14 @@ def _newer_revision_objects(f):
     f["model"][first_model_key(f)].attrs.create("origin", data=np.array(["a", "b"], dtype=h5py.string_dtype()))
 
 
+def _rng_rows(f):
+    """/rng/cpu rows of 100 bytes: valid (a row is its generator's bytes), but no PyTorch generator restores them."""
+    rewrite(f, "rng/cpu", np.zeros((f["rng/cpu"].shape[0], 100), np.uint8), "uint8")
+
+
 OTHER_CASES = [
+    # h5ddp-load-verdict restores the generator (as a resume does); the suite's h5ddp_torch.load passes rng=False.
+    ("/rng/cpu rows of another generator's length", _rng_rows, "mismatch", "", {"py load": "OK"}),
     ("a newer revision's unknown attribute and group", _newer_revision, "valid", "", None),
     ("a newer revision's unknown datasets, without attributes", _newer_revision_objects, "valid", "", None),
     ("an explicit format_minor_version 0", lambda f: f.attrs.__setitem__("format_minor_version", np.int64(0)),

@@ -132,6 +132,21 @@ def judge(args, cases):
     return failures
 
 
+def rng_rows(cases):
+    """h5ddp_torch.load restoring the generator (rng=True) refuses rows of another length as another model, and
+    leaves the model as it was."""
+    case = next(c for c in cases if c.name == "cpp: /rng/cpu rows of another generator's length")
+    model = pt_loop.cnn()
+    before = [p.detach().clone() for p in model.parameters()]
+    try:
+        h5ddp_torch.load(case.path, model, torch.optim.Adam(model.parameters(), lr=pt_loop.LR), rng=True)
+        raise AssertionError("rows of 100 bytes restored")
+    except h5ddp_torch.CheckpointMismatchError as e:
+        assert "/rng/cpu rows are 100 bytes" in str(e), e
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    print("h5ddp_torch.load(rng=True) refused rows of 100 bytes, model untouched")
+
+
 def train_resume(args, w, cases):
     """One case through h5ddp-train's own resume (the loader every run uses): a run directory holding a valid step-1
     file and, at step 2, a file both verifiers reject for R18. The run skips the damaged file naming the same rule,
@@ -170,6 +185,7 @@ def main():
         print("expected verdicts: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
         assert not failures, f"{len(failures)} disagreements"
         train_resume(args, w, cases)
+        rng_rows(cases)
     print("PASS")
 
 
