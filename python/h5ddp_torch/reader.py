@@ -127,14 +127,13 @@ def _not_bool(path, dspath):
     return CheckpointError(f"{path}: R22: bool dataset {dspath} holds a value other than 0 and 1")
 
 
-def verify_dataset(f, path, dspath):
+def verify_dataset(f, path, dspath, is_bool=False):
     """Streams a dataset through XXH3 in bounded chunks; raises CheckpointError on a mismatch. A dataset without
     a well-typed checksum attribute is not hashed (rules.check reports it)."""
     ds = f[dspath]
     if _checksum_attr(ds) is None or ds.shape is None or ds.dtype.kind == "O":  # no hash, or not fixed-size bytes
         return
     h = xxhash.xxh3_64()
-    is_bool = fmt.ATTR_DTYPE in ds.attrs and _text(ds.attrs[fmt.ATTR_DTYPE]) == "bool"
     bools = True
     try:
         if ds.ndim == 0 or ds.shape[0] == 0:

@@ -44,6 +44,7 @@ class Verdict:
     problems: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     datasets: list = field(default_factory=list)  # every dataset this reader knows (unknown ones excluded)
+    bools: set = field(default_factory=set)       # those of dtype bool (R22 needs their bytes)
     minor: int = 0                                 # the file's format_minor_version (0 when absent)
 
 
@@ -222,6 +223,8 @@ class _Check:
         name = self.attr(ds, dpath, fmt.ATTR_DTYPE, "string")
         if name is None:
             return None
+        if name == "bool":
+            self.v.bools.add(dpath)
         if name not in fmt.DTYPE_NAMES:
             self.problem(f"{attr_path(dpath, fmt.ATTR_DTYPE)} is {name!r}, not a dtype of FORMAT.md's table Dtypes", 13)
             return None

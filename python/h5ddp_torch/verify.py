@@ -10,11 +10,11 @@ from .reader import verify_dataset
 _READ_ERRORS = (OSError, KeyError, ValueError, TypeError, RuntimeError)
 
 
-def _checksums(f, path, datasets):
+def _checksums(f, path, datasets, bools):
     problems = []
     for d in datasets:
         try:
-            verify_dataset(f, path, d)
+            verify_dataset(f, path, d, d in bools)
         except CheckpointError as e:
             problems.append(str(e))
         except _READ_ERRORS as e:
@@ -40,7 +40,7 @@ def verify(path, notes=None, reader_minor=rules.READER_MINOR_VERSION):
         problems = list(verdict.problems)
         if notes is not None:
             notes.extend(verdict.notes)
-        problems += _checksums(f, path, verdict.datasets)
+        problems += _checksums(f, path, verdict.datasets, verdict.bools)
         try:
             problems += rules.value_problems(path, _values(f, verdict.datasets))
         except _READ_ERRORS as e:

@@ -94,14 +94,17 @@ torch::Tensor* adam_tensor(torch::optim::OptimizerParamState& s, const std::stri
   return nullptr;
 }
 
-// Whether the param group holding `p` has amsgrad on (Adam, AdamW).
-bool group_amsgrad(torch::optim::Optimizer& opt, const std::string& type, const torch::Tensor& p) {
-  for (auto& g : opt.param_groups())
-    for (const auto& q : g.params())
-      if (q.is_same(p))
-        return type == "adam" ? static_cast<torch::optim::AdamOptions&>(g.options()).amsgrad()
-                              : type == "adamw" && static_cast<torch::optim::AdamWOptions&>(g.options()).amsgrad();
-  return false;
+// The tensors of the param groups with amsgrad on (Adam, AdamW), in one pass over the groups.
+std::set<const c10::TensorImpl*> amsgrad_tensors(torch::optim::Optimizer& opt, const std::string& type) {
+  std::set<const c10::TensorImpl*> out;
+  for (auto& g : opt.param_groups()) {
+    const bool on = type == "adam"    ? static_cast<torch::optim::AdamOptions&>(g.options()).amsgrad()
+                    : type == "adamw" ? static_cast<torch::optim::AdamWOptions&>(g.options()).amsgrad()
+                                      : false;
+    if (on)
+      for (const auto& q : g.params()) out.insert(q.unsafeGetTensorImpl());
+  }
+  return out;
 }
 
 // The entries to import plus, for each parameter of an amsgrad group whose file state lacks max_exp_avg_sq, that
@@ -317,8 +320,10 @@ void TorchStateBinding::prepare_import(const std::vector<TensorRef>& entries, Tr
   state.optimizer.state.clear();
   state.optimizer.type = type_;
   state.optimizer.sharded = sharded_;
+  const std::set<const c10::TensorImpl*> amsgrad_on = amsgrad_tensors(optimizer_, type_);
   auto amsgrad = [&](const std::string& p) {
-    return held_named(p) && group_amsgrad(optimizer_, type_, held_named(p)->key);
+    const Held* h = held_named(p);
+    return h && amsgrad_on.count(h->key.unsafeGetTensorImpl()) > 0;
   };
   const std::vector<TensorRef> all = with_amsgrad_entries(entries, amsgrad);
   steps_.reserve(all.size());
