@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <thread>
 
 #include "checkpoint/direct_io.hpp"
@@ -188,6 +189,137 @@ bool read_extents_direct(const std::string& path, const std::vector<FileExtent>&
                          RefuseDirect refuse) {
   Reader reader(path, extents, refuse);
   return reader.run(consume);
+}
+
+namespace {
+
+std::atomic<uint64_t> g_coalesced_reads{0};
+
+// Reads n bytes at `off` into dst with as many preads as it takes (each counted in `calls`); "" or what went
+// wrong, with `*failed_at` the file offset where it did.
+std::string pread_all(int fd, char* dst, uint64_t off, uint64_t n, size_t& calls, uint64_t* failed_at) {
+  uint64_t got = 0;
+  while (got < n) {
+    ++calls;
+    const ssize_t r = ::pread(fd, dst + got, n - got, static_cast<off_t>(off + got));
+    if (r < 0 && errno == EINTR) continue;
+    *failed_at = off + got;
+    if (r < 0) return std::string("pread failed: ") + std::strerror(errno);
+    if (r == 0) return "the file ends at byte " + std::to_string(off + got) + ", inside the dataset (truncated file?)";
+    got += static_cast<uint64_t>(r);
+  }
+  return {};
+}
+
+// Extents [first, last] of the file order, read as one range [begin, end).
+struct Group {
+  size_t first = 0, last = 0;
+  uint64_t begin = 0, end = 0;
+};
+
+std::vector<Group> groups_of(const std::vector<FileExtent>& x, const std::vector<size_t>& order, size_t piece) {
+  std::vector<Group> out;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const FileExtent& e = x[order[k]];
+    if (!out.empty()) {
+      Group& g = out.back();
+      const bool joins = e.offset >= g.end && e.offset - g.end <= kMergeGapBytes && e.offset + e.n - g.begin <= piece;
+      if (joins) {
+        g.last = k, g.end = e.offset + e.n;
+        continue;
+      }
+    }
+    out.push_back(Group{k, k, e.offset, e.offset + e.n});
+  }
+  return out;
+}
+
+class Coalesced {
+ public:
+  Coalesced(const std::string& path, const std::vector<FileExtent>& x, size_t piece, bool bounce,
+            const std::function<void(size_t, const char*, size_t)>& consume)
+      : path_(path), x_(x), piece_(std::max<size_t>(piece, 1)), bounce_(bounce), consume_(consume), order_(x.size()) {
+    fd_.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_.fd < 0) throw CheckpointError(path + ": cannot open: " + std::strerror(errno));
+    std::iota(order_.begin(), order_.end(), size_t{0});
+    std::stable_sort(order_.begin(), order_.end(), [&](size_t a, size_t b) { return x[a].offset < x[b].offset; });
+  }
+
+  size_t run() {
+    for (const Group& g : groups_of(x_, order_, piece_)) {
+      if (g.first == g.last && (g.end - g.begin > piece_ || !bounce_))
+        read_alone(order_[g.first]);
+      else
+        read_group(g);
+    }
+    g_coalesced_reads += calls_;
+    return calls_;
+  }
+
+ private:
+  // The group's one read into the buffer, then each extent's bytes to its dst.
+  void read_group(const Group& g) {
+    const uint64_t n = g.end - g.begin;
+    if (buf_.size() < n) buf_.resize(n);
+    uint64_t failed_at = 0;
+    if (std::string e = pread_all(fd_.fd, buf_.data(), g.begin, n, calls_, &failed_at); !e.empty())
+      fail(extent_at(g, failed_at), e);
+    for (size_t k = g.first; k <= g.last; ++k) {
+      const FileExtent& e = x_[order_[k]];
+      std::memcpy(e.dst, buf_.data() + (e.offset - g.begin), e.n);
+      consume_(order_[k], e.dst, e.n);
+    }
+  }
+
+  // One extent in pieces of piece_ bytes, each straight into dst or (bounce_) through the buffer.
+  void read_alone(size_t i) {
+    const FileExtent& e = x_[i];
+    for (uint64_t b = 0; b < e.n; b += piece_) {
+      const uint64_t len = std::min<uint64_t>(piece_, e.n - b);
+      if (bounce_ && buf_.size() < len) buf_.resize(len);
+      char* into = bounce_ ? buf_.data() : e.dst + b;
+      uint64_t failed_at = 0;
+      if (std::string why = pread_all(fd_.fd, into, e.offset + b, len, calls_, &failed_at); !why.empty()) fail(i, why);
+      if (bounce_) std::memcpy(e.dst + b, into, len);
+      consume_(i, e.dst + b, len);
+    }
+  }
+
+  // The extent of group g that holds file offset `at` (or the last one).
+  size_t extent_at(const Group& g, uint64_t at) const {
+    for (size_t k = g.first; k <= g.last; ++k)
+      if (at < x_[order_[k]].offset + x_[order_[k]].n) return order_[k];
+    return order_[g.last];
+  }
+
+  [[noreturn]] void fail(size_t i, const std::string& why) const {
+    const FileExtent& e = x_[i];
+    throw CheckpointError(path_ + ": reading " + e.what + " (" + std::to_string(e.n) + " bytes at file offset " +
+                          std::to_string(e.offset) + "): " + why);
+  }
+
+  const std::string& path_;
+  const std::vector<FileExtent>& x_;
+  const size_t piece_;
+  const bool bounce_;
+  const std::function<void(size_t, const char*, size_t)>& consume_;
+  std::vector<size_t> order_;
+  direct_io::Fd fd_;
+  std::vector<char> buf_;
+  size_t calls_ = 0;
+};
+
+}  // namespace
+
+size_t read_extents_coalesced(const std::string& path, const std::vector<FileExtent>& extents, size_t piece,
+                              bool bounce,
+                              const std::function<void(size_t extent, const char* data, size_t n)>& consume) {
+  if (extents.empty()) return 0;
+  return Coalesced(path, extents, piece, bounce, consume).run();
+}
+
+uint64_t coalesced_read_calls() {
+  return g_coalesced_reads.load();
 }
 
 }  // namespace h5ddp::ckpt

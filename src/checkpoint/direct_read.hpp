@@ -37,4 +37,21 @@ bool read_extents_direct(const std::string& path, const std::vector<FileExtent>&
                          const std::function<void(size_t extent, const char* data, size_t n)>& consume,
                          RefuseDirect refuse = RefuseDirect::kNo);
 
+// Coalesced reads through the page cache (the loads' path once rank 0 has shared the file offsets). Extents are
+// read in file order; an extent joins the group before it when it starts at most kMergeGapBytes after the
+// group's end (the gap holds HDF5 metadata or alignment padding, read and dropped) and the group then spans at
+// most `piece` bytes: each group is one pread into a reused buffer of `piece` bytes (the memory bound), copied to
+// the extents' dst. An extent larger than `piece` is read alone, in pieces of `piece` bytes, straight into dst
+// unless `bounce` (then through the buffer: see loader.cpp bounce_reads). Extents that overlap are never merged.
+// consume(extent, data, n) is called for each extent's bytes in order once they are in dst (data points into
+// dst), one extent after the other in file order. Throws CheckpointError naming `path`, the extent and the offset
+// for a read error or a file that ends early. Returns the number of read calls made (the preads, EINTR retries
+// and short reads included).
+inline constexpr uint64_t kMergeGapBytes = 256u << 10;
+size_t read_extents_coalesced(const std::string& path, const std::vector<FileExtent>& extents, size_t piece,
+                              bool bounce,
+                              const std::function<void(size_t extent, const char* data, size_t n)>& consume);
+// Test-only: read calls read_extents_coalesced has made in this process so far.
+uint64_t coalesced_read_calls();
+
 }  // namespace h5ddp::ckpt

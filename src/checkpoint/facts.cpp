@@ -75,6 +75,9 @@ void dataset_facts(Walk& w, hid_t ds, const std::string& path, ObjectFact& o) {
   h5::Handle space = h5::dataspace(H5Dget_space(ds));
   o.null_space = H5Sget_simple_extent_type(space) == H5S_NULL;
   o.shape = h5::space_shape(space);
+  const haddr_t offset = H5Dget_offset(ds);
+  if (offset != HADDR_UNDEF) o.offset = static_cast<uint64_t>(offset);
+  o.storage = static_cast<uint64_t>(H5Dget_storage_size(ds));
   h5::Handle t = h5::datatype(H5Dget_type(ds));
   const std::string dtype = o.dtype();
   if (dtype == "string") {

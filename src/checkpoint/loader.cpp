@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 
@@ -13,6 +14,7 @@
 #include "checkpoint/errors.hpp"
 #include "checkpoint/fault_inject.hpp"
 #include "checkpoint/hash.hpp"
+#include "checkpoint/load_source.hpp"
 #include "checkpoint/phase_timer.hpp"
 #include "checkpoint/pieces.hpp"
 #include "checkpoint/plan.hpp"
@@ -380,63 +382,114 @@ void read_share_exchange(MpiComm& comm, hid_t f, const std::vector<DatasetPlan>&
     if (verify_here[i]) hasher.submit(i, plan[i].dst, plan[i].nbytes());
 }
 
-// Reads the tensors with the chosen strategy; on return (without exception) every rank holds every byte, and
-// `hasher` holds the hash of every dataset with verify_here[i]: every-rank-reads hashes them while reading them
-// (read_pieces, or as read_extents_direct hands over the pieces when `direct`; recorded), share + exchange
-// submits each to the background thread once its bytes are in.
-void read_tensors(MpiComm& comm, hid_t f, const std::vector<DatasetPlan>& plan, LoadStrategy strategy, bool direct,
-                  const std::string& path, const std::vector<char>& verify_here, ckpt::BackgroundHasher& hasher) {
-  if (strategy == LoadStrategy::kEveryRankReads)
+// File offsets of the tensor datasets, from rank 0's read of the metadata (ckpt::LoadSource::offsets).
+using Offsets = std::map<std::string, uint64_t>;
+
+// Bytes per read of a raw load: kLoadPieceBytes, or less with H5DDP_MAX_TRANSFER_BYTES (tests).
+size_t raw_piece_bytes() {
+  return static_cast<size_t>(std::min<uint64_t>(kLoadPieceBytes, ckpt::max_transfer_bytes()));
+}
+
+// Where this rank's bytes of d (all of it, or its rows of a split dataset) lie in the file, and where they go.
+ckpt::FileExtent extent_of(const DatasetPlan& d, const Offsets& offsets) {
+  const uint64_t first = d.pieces.empty() ? 0 : d.src_row;
+  const uint64_t n = d.pieces.empty() ? d.nbytes() : (d.src_row_end - d.src_row) * d.row_bytes();
+  if (n == 0) return ckpt::FileExtent{0, 0, static_cast<char*>(d.dst), d.path};  // no offset: nothing stored
+  return ckpt::FileExtent{offsets.at(d.path) + first * d.row_bytes(), n, static_cast<char*>(d.dst), d.path};
+}
+
+// A consumer for the raw readers: each extent's pieces arrive in order, one extent after the other; extent e is
+// plan entry slot[e], hashed when verify_here says so and recorded once its last byte is in. flip_slot (test
+// hook load_flip): that entry's first byte is flipped in this rank's copy before it is hashed.
+std::function<void(size_t, const char*, size_t)> streaming_hasher(const std::vector<ckpt::FileExtent>& x,
+                                                                  const std::vector<size_t>& slot,
+                                                                  const std::vector<char>& verify_here,
+                                                                  ckpt::BackgroundHasher& hasher, size_t flip_slot) {
+  auto hash = std::make_shared<std::optional<ckpt::StreamHash>>();
+  auto hashed = std::make_shared<uint64_t>(0);
+  return [&x, &slot, &verify_here, &hasher, flip_slot, hash, hashed](size_t e, const char* data, size_t n) {
+    if (slot[e] == flip_slot && data == x[e].dst) x[e].dst[0] ^= 1;
+    if (!verify_here[slot[e]]) return;
+    if (!*hash) hash->emplace(), *hashed = 0;
+    (*hash)->update(data, n);
+    if ((*hashed += n) == x[e].n) hasher.record(slot[e], (*hash)->digest()), hash->reset();
+  };
+}
+
+// Every rank reads every byte at the offsets rank 0 shared: with `direct`, datasets of kDirectMinBytes or more
+// around the page cache (read_extents_direct), the rest in coalesced reads through it (read_extents_coalesced);
+// each dataset with verify_here[i] hashed as its bytes arrive.
+void read_every_rank_raw(MpiComm& comm, const Offsets& offsets, const std::vector<DatasetPlan>& plan, bool direct,
+                         const std::string& path, const std::vector<char>& verify_here,
+                         ckpt::BackgroundHasher& hasher) {
+  std::vector<ckpt::FileExtent> small, large;
+  std::vector<size_t> small_slot, large_slot;
+  size_t flip_slot = ckpt::fault_armed("load_flip", comm.rank()) ? plan.size() : SIZE_MAX;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const ckpt::FileExtent e = extent_of(plan[i], offsets);
+    if (e.n == 0) {
+      if (verify_here[i]) hasher.record(i, ckpt::hash_bytes(nullptr, 0));
+      continue;
+    }
+    const bool big = direct && e.n >= kDirectMinBytes;
+    if (flip_slot == plan.size() && !big) flip_slot = i;  // the first dataset read through the page cache
+    (big ? large : small).push_back(e);
+    (big ? large_slot : small_slot).push_back(i);
+  }
+  const std::string error = ckpt::capture_error([&] {
+    ckpt::read_extents_coalesced(path, small, raw_piece_bytes(), bounce_reads(),
+                                 streaming_hasher(small, small_slot, verify_here, hasher, flip_slot));
+    if (!large.empty())
+      ckpt::read_extents_direct(path, large, streaming_hasher(large, large_slot, verify_here, hasher, SIZE_MAX));
+  });
+  comm.rethrow_first(ckpt::checkpoint_error(error));
+}
+
+// Share + exchange at the offsets rank 0 shared: each rank reads its share (compute_segments) in coalesced reads,
+// the ranks exchange the shares, then the datasets with verify_here[i] go to the background hasher.
+void read_share_exchange_raw(MpiComm& comm, const Offsets& offsets, const std::vector<DatasetPlan>& plan,
+                             const std::string& path, const std::vector<char>& verify_here,
+                             ckpt::BackgroundHasher& hasher) {
+  const auto segments = ckpt::compute_segments(plan, comm.size());
+  std::vector<ckpt::FileExtent> mine;
+  for (const auto& s : segments) {
+    if (s.rank != comm.rank()) continue;
+    const DatasetPlan& d = plan[s.index];
+    const uint64_t rb = d.row_bytes();
+    if (s.row_end == s.row_begin) continue;
+    mine.push_back(ckpt::FileExtent{offsets.at(d.path) + s.row_begin * rb, (s.row_end - s.row_begin) * rb,
+                                    static_cast<char*>(d.dst) + s.row_begin * rb, d.path});
+  }
+  const std::string error = ckpt::capture_error([&] {
+    ckpt::read_extents_coalesced(path, mine, raw_piece_bytes(), bounce_reads(), [](size_t, const char*, size_t) {});
+  });
+  comm.rethrow_first(ckpt::checkpoint_error(error));
+  if (comm.size() > 1) exchange_shares(comm, plan, segments);
+  if (ckpt::fault_armed("load_flip", comm.rank()))
+    for (auto& d : plan)
+      if (d.nbytes() > 0) {
+        static_cast<char*>(d.dst)[0] ^= 1;
+        break;
+      }
+  for (size_t i = 0; i < plan.size(); ++i)
+    if (verify_here[i]) hasher.submit(i, plan[i].dst, plan[i].nbytes());
+}
+
+// Reads the tensors with the chosen strategy: at the file offsets rank 0 shared (`offsets`, when every tensor
+// dataset has one), else through HDF5 (`f`). On return (without exception) every rank holds every byte, and
+// `hasher` holds the hash of every dataset with verify_here[i]: every-rank-reads hashes them while reading them,
+// share + exchange submits each to the background thread once its bytes are in.
+void read_tensors(MpiComm& comm, hid_t f, const Offsets* offsets, const std::vector<DatasetPlan>& plan,
+                  LoadStrategy strategy, bool direct, const std::string& path, const std::vector<char>& verify_here,
+                  ckpt::BackgroundHasher& hasher) {
+  if (offsets && strategy == LoadStrategy::kEveryRankReads)
+    read_every_rank_raw(comm, *offsets, plan, direct, path, verify_here, hasher);
+  else if (offsets)
+    read_share_exchange_raw(comm, *offsets, plan, path, verify_here, hasher);
+  else if (strategy == LoadStrategy::kEveryRankReads)
     read_every_rank(comm, f, plan, direct, path, verify_here, hasher);
   else
     read_share_exchange(comm, f, plan, path, verify_here, hasher);
-}
-
-// Reads a small dataset whole (every rank), verifying its checksum.
-std::vector<uint8_t> read_small(hid_t f, const std::string& path, DatasetPlan* out_plan, const std::string& file) {
-  return with_context("reading " + path + " from " + file, [&] {
-    h5::SilenceErrors quiet;
-    h5::Handle ds = open_dataset(f, path);
-    DatasetPlan d;
-    d.path = path;
-    d.dtype = dtype_from_name(h5::read_attr_string(ds, format::kAttrDtype));
-    h5::Handle space = h5::dataspace(H5Dget_space(ds));
-    d.shape = h5::space_shape(space);
-    std::vector<uint8_t> buf(d.nbytes());
-    if (!buf.empty()) ckpt::read_rows(ds, d, 0, d.rows(), buf.data(), H5P_DEFAULT);
-    const uint64_t stored = h5::read_attr_uint(ds, format::kAttrChecksum);
-    if (ckpt::hash_bytes(buf.data(), buf.size()) != stored)
-      throw CheckpointError(file + ": R13: checksum mismatch in dataset " + path);
-    if (out_plan) *out_plan = d;
-    return buf;
-  });
-}
-
-template <class T>
-T read_scalar(hid_t f, const char* path, const std::string& file) {
-  std::vector<uint8_t> b = read_small(f, path, nullptr, file);
-  if (b.size() != sizeof(T)) throw CheckpointError(file + ": dataset " + path + " has the wrong size");
-  T v;
-  std::memcpy(&v, b.data(), sizeof(T));
-  return v;
-}
-
-std::vector<RngState> read_rng(hid_t f, const CheckpointManifest& m, const std::string& file) {
-  std::vector<RngState> rows(m.world_size);
-  for (int which = 0; which < 2; ++which) {
-    const size_t n = which ? m.rng_cuda_bytes : m.rng_cpu_bytes;
-    if (which == 1 && n == 0) continue;
-    DatasetPlan d;
-    std::vector<uint8_t> all = read_small(f, which ? format::kRngCuda : format::kRngCpu, &d, file);
-    if (d.shape.size() != 2 || d.shape[0] != m.world_size)
-      throw CheckpointError(file + ": rng dataset has shape " + ckpt::shape_string(d.shape) + ", expected [" +
-                            std::to_string(m.world_size) + ", n]");
-    for (int r = 0; r < m.world_size; ++r) {
-      auto& dst = which ? rows[r].cuda : rows[r].cpu;
-      dst.assign(all.begin() + r * n, all.begin() + (r + 1) * n);
-    }
-  }
-  return rows;
 }
 
 // The file's entries loaded in shares: the model tensors the refs hold in row pieces (every rank lists each such
@@ -568,13 +621,13 @@ std::string bool_problems(const TensorPlan& p) {
 // page cache, the exchange) cannot pass because another rank's copy was right. Every-rank-reads hashes each piece
 // as it is read, while it is still in the CPU cache; share + exchange hashes them on a background thread once the
 // exchange is done.
-void read_and_verify(MpiComm& comm, hid_t f, const TensorPlan& p, const std::string& path, const LoadOptions& options,
-                     ckpt::PhaseTimer& timer) {
+void read_and_verify(MpiComm& comm, hid_t f, const Offsets* offsets, const TensorPlan& p, const std::string& path,
+                     const LoadOptions& options, ckpt::PhaseTimer& timer) {
   const bool verify = options.verify_checksums;
   ckpt::BackgroundHasher hasher(p.shared.size());
   const std::vector<char> verify_here(p.shared.size(), verify ? 1 : 0);
   const bool direct = options.strategy == LoadStrategy::kEveryRankReads && use_direct_io(comm, options.direct_io);
-  read_tensors(comm, f, p.shared, options.strategy, direct, path, verify_here, hasher);
+  read_tensors(comm, f, offsets, p.shared, options.strategy, direct, path, verify_here, hasher);
   // Sharded optimizer state: each rank reads (and verifies) exactly the datasets it owns, nothing else.
   ckpt::BackgroundHasher own_hasher(p.own.size());
   std::vector<char> own_verify(p.own.size(), verify ? 1 : 0);
@@ -582,7 +635,7 @@ void read_and_verify(MpiComm& comm, hid_t f, const TensorPlan& p, const std::str
     if (!p.own[i].pieces.empty()) own_verify[i] = 0;  // verified by the chain below
   if (p.sharded) {
     const bool own_direct = use_direct_io(comm, options.direct_io);
-    read_tensors(comm, f, p.own, LoadStrategy::kEveryRankReads, own_direct, path, own_verify, own_hasher);
+    read_tensors(comm, f, offsets, p.own, LoadStrategy::kEveryRankReads, own_direct, path, own_verify, own_hasher);
   }
   timer.mark("read");
   std::string problems;
@@ -604,32 +657,6 @@ void read_and_verify(MpiComm& comm, hid_t f, const TensorPlan& p, const std::str
     problems += (problems.empty() ? path + ": damaged (rank " + std::to_string(comm.rank()) + "):" : "") + bools;
   comm.rethrow_first(ckpt::checkpoint_error(problems));
   timer.mark("verify");
-}
-
-// Counters, data position, generators, scheduler and meta of the file (every rank reads them whole, verified).
-TrainState read_small_state(hid_t f, const CheckpointManifest& m, const std::string& path) {
-  TrainState loaded;
-  loaded.counters.step = read_scalar<int64_t>(f, format::kTrainStep, path);
-  loaded.counters.epoch = read_scalar<int64_t>(f, format::kTrainEpoch, path);
-  loaded.counters.samples_consumed = read_scalar<int64_t>(f, format::kTrainSamplesConsumed, path);
-  loaded.data.seed = read_scalar<uint64_t>(f, format::kDataSeed, path);
-  loaded.data.epoch = read_scalar<int64_t>(f, format::kDataEpoch, path);
-  loaded.data.position = read_scalar<int64_t>(f, format::kDataPosition, path);
-  loaded.data.global_batch = read_scalar<int64_t>(f, format::kDataGlobalBatch, path);
-  loaded.rng_by_rank = read_rng(f, m, path);
-  with_context("reading " + std::string(format::kSchedulerGroup) + " from " + path, [&] {
-    h5::SilenceErrors quiet;
-    h5::Handle g = h5::group(H5Gopen2(f, format::kSchedulerGroup, H5P_DEFAULT));
-    for (const auto& a : h5::attr_names(g)) {
-      if (a == format::kAttrSchedulerType)
-        loaded.scheduler.type = h5::read_attr_string(g, a);
-      else
-        loaded.scheduler.values[a] = h5::read_attr_double(g, a);
-    }
-    h5::Handle meta = h5::group(H5Gopen2(f, format::kMetaGroup, H5P_DEFAULT));
-    for (const auto& a : h5::attr_names(meta)) loaded.meta[a] = h5::read_attr_string(meta, a);
-  });
-  return loaded;
 }
 
 // Local. R1, R10, R11 on the counters read, and R8 on the Adam steps among `state_read` (the optimizer entries
@@ -663,23 +690,25 @@ void apply_small_state(TrainState& state, TrainState&& loaded, const CheckpointM
 void load_checkpoint(MpiComm& comm, const std::string& path, const LoadDestinations& destinations,
                      const LoadOptions& options) {
   ckpt::PhaseTimer timer;
-  h5::Handle f = ckpt::open_checkpoint(&comm, path, options.mpiio_hints);
-  CheckpointManifest m;
-  TrainState loaded;
-  // Damage first (docs/FORMAT.md "Loading"): only a valid file can be another model.
-  comm.rethrow_first(ckpt::checkpoint_error_of([&] {
-    m = ckpt::read_valid_manifest(f, path);
-    loaded = read_small_state(f, m, path);
-    check_values(m, loaded, {}, path);
-  }));
+  // Damage first (docs/FORMAT.md "Loading"): only a valid file can be another model. Rank 0 reads the metadata
+  // and the small datasets, every rank verifies what it keeps of them.
+  ckpt::LoadSource src = ckpt::read_load_source(comm, path);
+  const CheckpointManifest& m = src.manifest;
+  TrainState loaded = std::move(src.small);
+  comm.rethrow_first(ckpt::checkpoint_error_of([&] { check_values(m, loaded, {}, path); }));
   TrainState& state = *agreed(comm, [&] { return &destinations(m); });
   std::vector<std::vector<ckpt::Segment>> pieces;
   check_destinations(comm, path, m, state, pieces);
   timer.mark("open+manifest");
 
-  read_and_verify(comm, f, plan_tensors(state, m, std::move(pieces)), path, options, timer);
+  const TensorPlan plan = plan_tensors(state, m, std::move(pieces));
+  if (src.raw) {  // the same on every rank: rank 0 decided it for the whole file
+    read_and_verify(comm, -1, &src.offsets, plan, path, options, timer);
+  } else {  // chunked, compressed, converted datasets (h5repack, other tools): through HDF5, every rank
+    h5::Handle f = ckpt::open_checkpoint(&comm, path, options.mpiio_hints);
+    read_and_verify(comm, f, nullptr, plan, path, options, timer);
+  }
   comm.rethrow_first(ckpt::checkpoint_error_of([&] { check_values(m, loaded, state.optimizer.state, path); }));
-  f.close();
   apply_small_state(state, std::move(loaded), m, comm.rank());
   timer.mark("small");
   log::debug("load " + path + ":" + timer.timeline());

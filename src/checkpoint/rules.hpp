@@ -41,7 +41,13 @@ struct ObjectFact {
   // for `string`, a fixed-length NUL-padded ASCII/UTF-8 string type).
   std::vector<int64_t> shape;
   bool type_matches = false;
-  bool null_space = false;           // an H5S_NULL dataspace (R21)
+  bool null_space = false;  // an H5S_NULL dataspace (R21)
+  // Where the dataset's bytes lie when a plain read of [offset, offset + storage) gives exactly its elements:
+  // contiguous layout, allocated, no external file (H5Dget_offset); kNoOffset otherwise (chunked, compact, after
+  // h5repack with filters, not yet written). Whether the type needs no conversion is type_matches.
+  static constexpr uint64_t kNoOffset = ~uint64_t{0};
+  uint64_t offset = kNoOffset;
+  uint64_t storage = 0;              // H5Dget_storage_size
   std::vector<std::string> strings;  // a strings dataset of the right type: its elements
   std::string dtype() const;         // the dtype attribute's text, "" when absent or not a string
 };

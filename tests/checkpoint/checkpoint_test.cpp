@@ -342,7 +342,8 @@ TEST(Checkpoint, LoadAsksForDestinationsAfterOneOpen) {
     }
     return dst.state;
   });
-  EXPECT_EQ(ckpt::checkpoint_opens() - opens, 1);
+  // Rank 0 opens the file with HDF5 once; the other ranks read only tensor bytes, at the offsets it shared.
+  EXPECT_EQ(ckpt::checkpoint_opens() - opens, world.rank() == 0 ? 1 : 0);
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(dst.state.counters.step, s.state.counters.step);
   ASSERT_EQ(dst.state.optimizer.state.size(), s.state.optimizer.state.size());

@@ -207,8 +207,9 @@ TEST(Checkpointer, FreshStartThenResumeRestoresEverythingAndTrackedState) {
 
 // A resume is one descent (issue 38): the checkpoint layer opens the file once, reads its manifest once and asks
 // the Checkpointer for the destinations (the optimizer state it allocates), instead of a read_manifest open
-// followed by a load_checkpoint open. Counted by the checkpoint layer's test counter, on every rank.
-TEST(Checkpointer, ResumeOpensTheFileOncePerRank) {
+// followed by a load_checkpoint open. Counted by the checkpoint layer's test counter, on every rank: since
+// issue 59 only rank 0 opens it (with HDF5); the others read tensor bytes at the offsets it shares.
+TEST(Checkpointer, ResumeOpensTheFileOncePerJob) {
   const std::string dir = test::scratch_dir("ckptr-one-open");
   std::string path;
   {
@@ -221,17 +222,18 @@ TEST(Checkpointer, ResumeOpensTheFileOncePerRank) {
     f();
     return ckpt::checkpoint_opens() - before;
   };
+  const int once = test::world().rank() == 0 ? 1 : 0;
   {
     Trained r(dir);
-    EXPECT_EQ(opens_during([&] { EXPECT_TRUE(r.ckpt->resume().resumed); }), 1);
+    EXPECT_EQ(opens_during([&] { EXPECT_TRUE(r.ckpt->resume().resumed); }), once);
     EXPECT_FALSE(r.optimizer->state().empty());  // allocated from the manifest of that one open
   }
   {
     Trained r(dir);
-    EXPECT_EQ(opens_during([&] { EXPECT_EQ(r.ckpt->resume_from(path).step, 2); }), 1);
+    EXPECT_EQ(opens_during([&] { EXPECT_EQ(r.ckpt->resume_from(path).step, 2); }), once);
   }
   Trained r(test::scratch_dir("ckptr-one-open-weights"), "sgd");  // the file's adam state goes to scratch
-  EXPECT_EQ(opens_during([&] { r.ckpt->load_weights(path); }), 1);
+  EXPECT_EQ(opens_during([&] { r.ckpt->load_weights(path); }), once);
 }
 
 TEST(Checkpointer, DamagedCandidateLeavesNothingHalfLoaded) {
