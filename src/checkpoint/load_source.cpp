@@ -5,7 +5,9 @@
 #include <cstring>
 
 #include "checkpoint/errors.hpp"
+#include "checkpoint/fault_inject.hpp"
 #include "checkpoint/hash.hpp"
+#include "checkpoint/phase_timer.hpp"
 #include "checkpoint/reader.hpp"
 #include "checkpoint/rows.hpp"
 #include "checkpoint/rules.hpp"
@@ -290,9 +292,13 @@ void raw_offsets(const FileFacts& facts, LoadSource& s) {
 
 // Rank 0: everything the other ranks need, encoded.
 std::string read_on_reader(const std::string& path) {
+  PhaseTimer tm;
   h5::Handle f = open_checkpoint(nullptr, path);
+  tm.mark("open");
   const FileFacts facts = read_facts(f, path);
+  tm.mark("facts");
   const auto problems = rule_problems(facts, nullptr);
+  tm.mark("rules");
   if (!problems.empty()) throw CheckpointError(joined_problems(problems));
   LoadSource s;
   s.manifest = manifest_of(facts);
@@ -300,7 +306,11 @@ std::string read_on_reader(const std::string& path) {
   for (const char* p : small_paths(s.manifest)) small.push_back(read_small(f, p, path));
   read_attributes(f, path, s.small);
   raw_offsets(facts, s);
-  return encode_load_source(s, small);
+  tm.mark("small+offsets");
+  auto w = encode_load_source(s, small);
+  tm.mark("encode");
+  log::debug("load " + path + ": rank 0 read the metadata:" + tm.timeline());
+  return w;
 }
 
 template <class T>
@@ -359,6 +369,7 @@ LoadSource read_load_source(MpiComm& comm, const std::string& path) {
   comm.rethrow_first(checkpoint_error_of([&] {
     if (comm.rank() == 0) wire = read_on_reader(path);
   }));
+  maybe_inject_fault("load_after_manifest", comm.rank());  // test hook: a rank dies before the broadcast
   wire = comm.broadcast_string(wire, 0);
   LoadSource s;
   comm.rethrow_first(checkpoint_error_of([&] {

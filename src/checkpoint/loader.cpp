@@ -439,6 +439,7 @@ void read_every_rank_raw(MpiComm& comm, const Offsets& offsets, const std::vecto
   const std::string error = ckpt::capture_error([&] {
     ckpt::read_extents_coalesced(path, small, raw_piece_bytes(), bounce_reads(),
                                  streaming_hasher(small, small_slot, verify_here, hasher, flip_slot));
+    ckpt::maybe_inject_fault("load_mid_data", comm.rank());  // test hook: a rank dies between its reads
     if (!large.empty())
       ckpt::read_extents_direct(path, large, streaming_hasher(large, large_slot, verify_here, hasher, SIZE_MAX));
   });
@@ -462,6 +463,7 @@ void read_share_exchange_raw(MpiComm& comm, const Offsets& offsets, const std::v
   }
   const std::string error = ckpt::capture_error([&] {
     ckpt::read_extents_coalesced(path, mine, raw_piece_bytes(), bounce_reads(), [](size_t, const char*, size_t) {});
+    ckpt::maybe_inject_fault("load_mid_data", comm.rank());  // test hook: a rank dies before the exchange
   });
   comm.rethrow_first(ckpt::checkpoint_error(error));
   if (comm.size() > 1) exchange_shares(comm, plan, segments);
@@ -696,10 +698,11 @@ void load_checkpoint(MpiComm& comm, const std::string& path, const LoadDestinati
   const CheckpointManifest& m = src.manifest;
   TrainState loaded = std::move(src.small);
   comm.rethrow_first(ckpt::checkpoint_error_of([&] { check_values(m, loaded, {}, path); }));
+  timer.mark("manifest");
   TrainState& state = *agreed(comm, [&] { return &destinations(m); });
   std::vector<std::vector<ckpt::Segment>> pieces;
   check_destinations(comm, path, m, state, pieces);
-  timer.mark("open+manifest");
+  timer.mark("destinations");
 
   const TensorPlan plan = plan_tensors(state, m, std::move(pieces));
   if (src.raw) {  // the same on every rank: rank 0 decided it for the whole file

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -90,6 +91,8 @@ TEST(LoadSource, ManyDatasetsInFewReadsAndOneOpenPerJob) {
   const std::string path = save_many("load-source-many");
   for (LoadStrategy strategy : {LoadStrategy::kEveryRankReads, LoadStrategy::kShareExchange}) {
     const Counts c = load_counting(path, strategy);
+    std::printf("rank %d strategy %d: %d opens, %llu reads\n", test::world().rank(), static_cast<int>(strategy),
+                c.opens, static_cast<unsigned long long>(c.reads));
     EXPECT_EQ(c.opens, test::world().rank() == 0 ? 1 : 0);
     EXPECT_LE(c.reads, 8u) << "rank " << test::world().rank() << ", strategy " << static_cast<int>(strategy);
     if (strategy == LoadStrategy::kEveryRankReads) EXPECT_GE(c.reads, 1u);

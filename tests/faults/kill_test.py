@@ -27,6 +27,9 @@ ARGS = ap.parse_args()
 NP, ASYNC = ARGS.np, ARGS.async_checkpoint
 PHASES = ["before_data", "mid_data", "before_rename", "before_latest", "latest_written", "latest_renamed"]
 RANK0_PHASES = ["latest_written", "latest_renamed", "mid_retention"]  # only rank 0 moves `latest`, retains
+# Kills during the resume's load (issue 59: rank 0 reads the metadata and broadcasts it, every rank reads bytes at
+# the shared offsets): a load writes nothing, so the checkpoint stays valid and the next restart resumes from it.
+LOAD_PHASES = ["load_after_manifest", "load_mid_data"]
 EXTRA = (["--async-checkpoint"] if ASYNC else []) + ["--checkpoint-write", ARGS.checkpoint_write]
 # A hidden layer of 128: the first layer's weight and Adam moments (401 KB each) are large enough for O_DIRECT
 # writes (docs/DESIGN.md, "Writes around the page cache"), so the kills land in that path too.
@@ -152,8 +155,29 @@ def test_hook_not_armed_without_test_hooks():
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def load_kill_scenario(phase, who):
+    run_dir = ht.copy_run(base_run(), f"kill-{phase}-{who}")
+    try:
+        r = train(run_dir, 6, env=hook_env(phase, who))
+        ht.check(r.rc != 0, f"run with {phase}:{who} was not killed: {r}")
+        ht.check("killing this rank at " + phase in r.text, f"fault hook did not fire: {r}")
+        steps = [ht.step_of(f) for f in ht.verify_all(run_dir)]
+        ht.check(steps == [2], f"{phase}:{who}: checkpoints left {steps}, expected [2]")
+        check_latest(run_dir, [2], f"{phase}:{who}")
+        r2 = train(run_dir, 6)
+        ht.check(r2.rc == 0, f"restart after {phase}:{who} failed: {r2}")
+        src = ht.resumed_from(r2)
+        ht.check(src is not None and src[1] == 2, f"restart after {phase}:{who} resumed from {src}, expected step 2")
+        ht.check(ht.trained_steps(r2) == 6, f"restart did not reach step 6: {r2}")
+        return f"killed in the load; the checkpoint verifies, resumed from step {src[1]}"
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def make_test(phase, who):
     def t():
+        if phase in LOAD_PHASES:
+            return load_kill_scenario(phase, who)
         return retention_scenario() if phase == "mid_retention" else kill_scenario(phase, who)
     t.__name__ = f"test_kill_{phase}_{who}"
     return t
@@ -164,7 +188,8 @@ def tests():
         return [make_test(*c.split(":")) for c in ARGS.cases.split(",")]
     whos = ["all"] if NP == 1 else [str(NP - 1), "all"]
     return [make_test(p, w) for p in PHASES for w in (["all"] if p in RANK0_PHASES else whos)] + \
-        [make_test("mid_retention", "all"), test_hook_not_armed_without_test_hooks]
+        [make_test("mid_retention", "all"), test_hook_not_armed_without_test_hooks] + \
+        [make_test(p, w) for p in LOAD_PHASES for w in whos]
 
 
 if __name__ == "__main__":
