@@ -57,6 +57,7 @@ struct Template {
   int64_t step = 0;
   uint64_t step_at = 0;          // 0: not located
   std::string created;           // the root attribute, to count where it occurs
+  uint64_t created_at = 0;       // file offset of its bytes when found exactly once, else 0
   std::vector<uint64_t> mtimes;  // file offsets of the objects' modification times (uint32 seconds)
   uint64_t metadata_bytes = 0, written_metadata_bytes = 0;
 };
@@ -185,7 +186,7 @@ void each_window(const Template& t, F f) {
 // The search: how often each dataset's stored xxh3 value, the root step and the created string occur in
 // the metadata. A value of one dataset found exactly once locates it; values several datasets share (identical
 // contents: Adam's steps) cannot say which position is whose, so the probe (below) locates every value.
-void count_values(const Template& t) {
+void count_values(Template& t) {
   std::unordered_map<uint64_t, std::pair<int, int>> seen;  // value -> (datasets holding it, occurrences)
   for (const auto& d : t.datasets) ++seen[d.xxh3].first;
   uint64_t step_count = 0;
@@ -213,8 +214,9 @@ void count_values(const Template& t) {
     for (auto it = bytes.begin(); !t.created.empty(); ++it) {
       it = std::search(it, bytes.end(), t.created.begin(), t.created.end());
       if (it == bytes.end()) break;
-      ++created;
+      ++created, t.created_at = at + static_cast<uint64_t>(it - bytes.begin());
     }
+  if (created != 1) t.created_at = 0;
   std::printf(
       "INFO search: %zu datasets' xxh3 found exactly once; %zu share their value with other datasets (found as "
       "often as held); %zu not found; %zu found more often than held; root step %lld found %llu times; created "
@@ -429,6 +431,15 @@ void fsync_path(const std::string& path, bool dir) {
   ::close(fd);
 }
 
+std::string utc(uint32_t now) {  // as the writer's root attribute `created`
+  const std::time_t t = now;
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
 struct SaveTimes {
   double hash = 0, patch = 0, write = 0, fsync = 0, commit = 0, total = 0;
 };
@@ -452,6 +463,9 @@ SaveTimes save(Template& t, const std::vector<char>& arena, const Options& o, in
   if (t.step_at) std::memcpy(gap_pointer(t, t.step_at), &step, 8);
   const uint32_t now = static_cast<uint32_t>(std::time(nullptr));  // what HDF5 writes at creation
   for (uint64_t at : t.mtimes) std::memcpy(gap_pointer(t, at), &now, 4);
+  const std::string created = utc(now);
+  if (t.created_at && created.size() == t.created.size())  // same length: the string's heap object stays
+    std::memcpy(gap_pointer(t, t.created_at), created.data(), created.size());
   const std::vector<Segment> segs = segments(t, arena);
   s.patch = since(t0) - s.hash;
   const std::string partial = o.out + ".partial";
