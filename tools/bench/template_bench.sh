@@ -2,11 +2,12 @@
 # Issue 59: the template-save prototype (h5ddp-bench-template-save) side by side with h5ddp's save and torch.save,
 # 0.25 GiB as T tensors, durable, the order rotating by repetition. Prints RESULT lines tagged tensors=T rep=R.
 #   tools/bench/template_bench.sh [BUILD_DIR] [SCRATCH_DIR]     env: TENSORS="3000 12000", REPS=3, GIB=0.25, NP=2,
-#                                                                    PY=/usr/bin/python3
+#                                                                    PY=/usr/bin/python3,
+#                                                                    METHODS="h5ddp torch template template_ranks"
 # h5ddp: h5ddp-bench-checkpoint at NP ranks (an untimed warm-up save, then one timed save, no load); torch:
-# tools/bench/torch_ckpt_peer.py at NP ranks (rank 0 torch.save + fsync; its load is not reported); template and
-# template2: one process (template2: data cut into 2 shares written by 2 threads) saving through a template of a
-# file h5ddp wrote at the same T (an untimed warm-up save, then one timed save).
+# tools/bench/torch_ckpt_peer.py at NP ranks (rank 0 torch.save + fsync; its load is not reported); template,
+# template2 and template_ranks: saves through a template of a file h5ddp wrote at the same T (an untimed warm-up
+# save, then one timed save) by one process, one process with 2 threads, NP processes (mpirun).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 build="${1:-build}"
@@ -27,13 +28,14 @@ run_torch() {
   rm -rf "$scratch/pt"
 }
 template() {
-  "$build/tools/bench/h5ddp-bench-template-save" "$scratch/src.h5" "$scratch/tmpl/out.h5" --reps 1 --warmup 1 \
+  ${launch:-} "$build/tools/bench/h5ddp-bench-template-save" "$scratch/src.h5" "$scratch/tmpl/out.h5" --reps 1 --warmup 1 \
     --ranks-split "$1" | grep RESULT | sed "s/method=template /method=template$2 /" | tag
   rm -rf "$scratch/tmpl"
 }
 run_template() { mkdir -p "$scratch/tmpl" && template 1 ""; }
 run_template2() { mkdir -p "$scratch/tmpl" && template 2 "_2threads"; }
-methods=(h5ddp torch template template2)
+run_template_ranks() { mkdir -p "$scratch/tmpl" && launch="${mpi[*]}" template 1 "_${np}ranks"; }
+read -r -a methods <<< "${METHODS:-h5ddp torch template template_ranks}"
 for T in ${TENSORS:-3000 12000}; do
   rm -rf "$scratch" && mkdir -p "$scratch"
   rep=prep h5 --keep "$scratch/src.h5" >/dev/null  # the template's source file, written by h5ddp at T

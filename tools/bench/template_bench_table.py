@@ -12,7 +12,8 @@ for line in open(sys.argv[1]):
     kv = dict(x.split("=", 1) for x in line.split()[1:])
     if kv.get("op") == "save":
         runs[(int(kv["tensors"]), kv["method"])].append(float(kv["seconds"]))
-methods = ["torch_save", "h5ddp", "template", "template_2threads"]
+methods = [m for m in ["torch_save", "h5ddp", "template", "template_2threads", "template_2ranks"]
+           if any(k[1] == m for k in runs)]
 print("| tensors | " + " | ".join(methods) + " | " + " | ".join(f"torch.save / {m}" for m in methods[1:]) + " |")
 print("|---|" + "---|" * (2 * len(methods) - 1))
 for t in sorted({k[0] for k in runs}):

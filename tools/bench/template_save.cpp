@@ -6,13 +6,17 @@
 //
 //   h5ddp-bench-template-save FILE OUT [--reps R] [--warmup 0|1] [--flip-every K] [--fsync 0|1] [--bad-hash 0|1]
 //                                      [--ranks-split N]
-// The state saved is FILE's data bytes (read into memory once); before each save one byte of every K-th dataset is
-// flipped (K=7 by default), so their checksums change, and the step grows by 1. --bad-hash 1 patches a wrong
-// checksum into the first flipped dataset (h5ddp-ckpt verify must refuse the file). --ranks-split N: each save's
-// data writes are cut into N shares written by N threads (a stand-in for N ranks on one host; metadata by the first).
-// One process. Prints "RESULT op=... method=template seconds=..." lines and what it found.
+// The state saved is FILE's data bytes (read into memory once); before each save one byte of every K-th float tensor
+// is flipped (K=7 by default), so their checksums change, and the step counters (root attribute, /train/step, Adam's
+// steps) grow by 1. --bad-hash 1 patches a wrong checksum into the first flipped dataset (h5ddp-ckpt verify must
+// refuse the file). Under mpirun -np N every process builds the template and holds the state; each hashes and
+// writes its share of the datasets and metadata (cut by bytes in file order), the hashes are exchanged
+// (MPI_Allreduce), every process fsyncs, the first renames. --ranks-split T: each process's share is cut again
+// into T threads. Prints "RESULT op=... method=template seconds=..." lines (the first process's times, save:
+// barrier to barrier) and what it found.
 #include <fcntl.h>
 #include <hdf5.h>
+#include <mpi.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -62,9 +66,14 @@ struct Template {
   uint64_t metadata_bytes = 0, written_metadata_bytes = 0;
 };
 
+struct SaveTimes {
+  double hash = 0, patch = 0, write = 0, fsync = 0, commit = 0, total = 0;
+};
+
 struct Options {
   std::string file, out;
   int reps = 3, warmup = 1, flip_every = 7, split = 1;
+  int rank = 0, world = 1;  // MPI: under mpirun -np N, each process writes its share
   bool fsync = true, bad_hash = false;
 };
 
@@ -440,25 +449,31 @@ std::string utc(uint32_t now) {  // as the writer's root attribute `created`
   return buf;
 }
 
-struct SaveTimes {
-  double hash = 0, patch = 0, write = 0, fsync = 0, commit = 0, total = 0;
-};
+void barrier(const Options& o) {
+  if (o.world > 1) MPI_Barrier(MPI_COMM_WORLD);
+}
 
-// One save through the template: hashes (split threads), checksums and step patched into the metadata in memory,
-// NAME.partial created at its full size and written (split threads), fsync, rename, fsync of the directory.
-SaveTimes save(Template& t, const std::vector<char>& arena, const Options& o, int64_t step, size_t bad) {
-  SaveTimes s;
-  const auto t0 = Clock::now();
-  std::vector<uint64_t> hashes(t.datasets.size());
-  const auto hs = shares(t.datasets.size(), o.split, [&](size_t i) { return t.datasets[i].size; });
+// XXH3 of this process's datasets (its threads' shares of the world * split parts), then every process holds all
+// hashes (bitwise or: the others' slots are 0).
+std::vector<uint64_t> hash_shares(const Template& t, const std::vector<char>& arena, const Options& o) {
+  std::vector<uint64_t> hashes(t.datasets.size(), 0);
+  const auto hs = shares(t.datasets.size(), o.world * o.split, [&](size_t i) { return t.datasets[i].size; });
   in_threads(o.split, [&](size_t k) {
-    for (size_t i = hs[k]; i < hs[k + 1]; ++i)
+    const size_t part = o.rank * o.split + k;
+    for (size_t i = hs[part]; i < hs[part + 1]; ++i)
       hashes[i] = h5ddp::ckpt::hash_bytes(arena.data() + t.datasets[i].arena_at, t.datasets[i].size);
   });
-  s.hash = since(t0);
+  if (o.world > 1)
+    MPI_Allreduce(MPI_IN_PLACE, hashes.data(), static_cast<int>(hashes.size()), MPI_UINT64_T, MPI_BOR, MPI_COMM_WORLD);
+  return hashes;
+}
+
+// The checksums, root step, objects' modification times and `created` patched into the in-memory metadata.
+void patch(Template& t, const std::vector<uint64_t>& hashes, int64_t step, size_t bad) {
   for (size_t i = 0; i < t.datasets.size(); ++i) {
     const uint64_t v = hashes[i] ^ (i == bad ? 1 : 0);
     std::memcpy(gap_pointer(t, t.datasets[i].attr_at), &v, 8);
+    t.datasets[i].xxh3 = hashes[i];
   }
   if (t.step_at) std::memcpy(gap_pointer(t, t.step_at), &step, 8);
   const uint32_t now = static_cast<uint32_t>(std::time(nullptr));  // what HDF5 writes at creation
@@ -466,22 +481,48 @@ SaveTimes save(Template& t, const std::vector<char>& arena, const Options& o, in
   const std::string created = utc(now);
   if (t.created_at && created.size() == t.created.size())  // same length: the string's heap object stays
     std::memcpy(gap_pointer(t, t.created_at), created.data(), created.size());
-  const std::vector<Segment> segs = segments(t, arena);
-  s.patch = since(t0) - s.hash;
+}
+
+// NAME.partial: created at its full size by the first process, then every process writes its parts (metadata
+// pieces and data alike, cut by bytes in file order) and fsyncs it.
+void write_partial(const Template& t, const std::vector<Segment>& segs, const Options& o, SaveTimes& s,
+                   Clock::time_point t0) {
   const std::string partial = o.out + ".partial";
-  const int fd = ::open(partial.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
-  check(fd >= 0 && ::ftruncate(fd, static_cast<off_t>(t.file_size)) == 0, partial + ": cannot create");
-  const auto ws = shares(segs.size(), o.split, [&](size_t i) { return segs[i].n; });
-  in_threads(o.split, [&](size_t k) { write_run(fd, segs, ws[k], ws[k + 1]); });
+  if (o.rank == 0) {
+    const int fd = ::open(partial.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+    check(fd >= 0 && ::ftruncate(fd, static_cast<off_t>(t.file_size)) == 0 && ::close(fd) == 0,
+          partial + ": cannot create");
+  }
+  barrier(o);
+  const int fd = ::open(partial.c_str(), O_WRONLY | O_CLOEXEC);
+  check(fd >= 0, partial + ": cannot open");
+  const auto ws = shares(segs.size(), o.world * o.split, [&](size_t i) { return segs[i].n; });
+  in_threads(o.split, [&](size_t k) { write_run(fd, segs, ws[o.rank * o.split + k], ws[o.rank * o.split + k + 1]); });
   s.write = since(t0) - s.hash - s.patch;
   check(!o.fsync || ::fsync(fd) == 0, partial + ": fsync failed");
   check(::close(fd) == 0, partial + ": close failed");
+  barrier(o);
   s.fsync = since(t0) - s.hash - s.patch - s.write;
-  std::filesystem::rename(partial, o.out);
-  if (o.fsync) fsync_path(std::filesystem::absolute(o.out).parent_path().string(), true);
+}
+
+// One save through the template (every process): hashes, patches, NAME.partial written and fsynced, then the
+// first process renames it to NAME and fsyncs the directory.
+SaveTimes save(Template& t, const std::vector<char>& arena, const Options& o, int64_t step, size_t bad) {
+  SaveTimes s;
+  const auto t0 = Clock::now();
+  const std::vector<uint64_t> hashes = hash_shares(t, arena, o);
+  s.hash = since(t0);
+  patch(t, hashes, step, bad);
+  const std::vector<Segment> segs = segments(t, arena);
+  s.patch = since(t0) - s.hash;
+  write_partial(t, segs, o, s, t0);
+  if (o.rank == 0) {
+    std::filesystem::rename(o.out + ".partial", o.out);
+    if (o.fsync) fsync_path(std::filesystem::absolute(o.out).parent_path().string(), true);
+  }
+  barrier(o);
   s.total = since(t0);
   s.commit = s.total - s.hash - s.patch - s.write - s.fsync;
-  for (size_t i = 0; i < t.datasets.size(); ++i) t.datasets[i].xxh3 = hashes[i];
   return s;
 }
 
@@ -520,7 +561,7 @@ Template build(const Options& o) {
   const double meta = since(t0);
   count_values(t);
   const double search = since(t0);
-  locate(o.out + ".probe", t);
+  locate(o.out + ".probe" + std::to_string(o.rank), t);
   std::printf(
       "INFO template: %zu datasets, file %llu bytes, metadata %llu bytes in %zu gaps, %llu written in %zu pieces; "
       "%zu datasets with object times\n",
@@ -567,13 +608,14 @@ void run(const Options& o) {
   int64_t step = t.step;
   for (int rep = 0; rep < o.warmup + o.reps; ++rep) {
     train(t, arena, o.flip_every, rep, ++step);
-    std::filesystem::remove(o.out);  // untimed, as the h5ddp benchmark deletes its file between saves
+    if (o.rank == 0) std::filesystem::remove(o.out);  // untimed, as the h5ddp benchmark deletes its file
+    barrier(o);
     const SaveTimes s = save(t, arena, o, step, o.bad_hash ? first_flipped(t) : SIZE_MAX);
     if (rep < o.warmup) continue;
     std::printf(
         "RESULT op=save method=template seconds=%.3f hash=%.3f patch=%.3f write=%.3f fsync=%.3f "
-        "commit=%.3f split=%d datasets=%zu\n",
-        s.total, s.hash, s.patch, s.write, s.fsync, s.commit, o.split, t.datasets.size());
+        "commit=%.3f split=%d processes=%d datasets=%zu\n",
+        s.total, s.hash, s.patch, s.write, s.fsync, s.commit, o.split, o.world, t.datasets.size());
     std::fflush(stdout);
   }
   const Dataset& d = t.datasets[first_flipped(t)];
@@ -583,11 +625,19 @@ void run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rc = 0;
   try {
-    run(parse(argc, argv));
-    return 0;
+    Options o = parse(argc, argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &o.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &o.world);
+    if (o.rank != 0 && !std::freopen("/dev/null", "w", stdout)) throw std::runtime_error("no /dev/null");
+    run(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "h5ddp-bench-template-save: %s\n", e.what());
-    return 1;
+    rc = 1;
+    MPI_Abort(MPI_COMM_WORLD, 1);
   }
+  MPI_Finalize();
+  return rc;
 }
