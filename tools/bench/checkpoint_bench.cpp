@@ -13,6 +13,9 @@
 //                                       [--verify 0|1]
 //                                       [--settle SECONDS] [--order N]
 //                                       [--alignment BYTES] [--mpiio-hint key=value]...
+//                                       [--keep PATH]
+// --keep PATH: the last timed h5ddp save's file is moved to PATH instead of deleted (tools/bench/template_save.cpp
+// reads it).
 // Every RESULT line also carries what the operation asked of MPI, the most any rank did (tools/bench/mpi_counters.c):
 // collectives entered, bytes contributed to them, point-to-point messages and bytes, MPI-IO calls.
 //
@@ -60,6 +63,7 @@ struct Options {
   bool verify = true;  // load_checkpoint's checksum verification (on by default, as in the trainer)
   uint64_t alignment = uint64_t{1} << 20;  // SaveOptions::alignment (--alignment; the default's measurement)
   MpiioHints hints;                        // --mpiio-hint key=value (repeatable)
+  std::string keep;                        // --keep PATH: the last h5ddp file is moved there, not deleted
   bool has(const char* m) const { return methods.find(m) != std::string::npos; }
 };
 
@@ -173,7 +177,17 @@ class Bench {
         check(name);
       }
     }
+    keep(h5);
     remove_h5ddp(h5);
+  }
+  // --keep PATH: the file just measured goes to PATH (rank 0 moves it; a copy across file systems).
+  void keep(const std::string& h5) {
+    if (!o_.keep.empty() && comm_.rank() == 0) {
+      std::error_code ec;
+      fs::rename(h5, o_.keep, ec);
+      if (ec) fs::copy_file(h5, o_.keep, fs::copy_options::overwrite_existing);
+    }
+    comm_.barrier();
   }
   // A/B of the early writeback (H5DDP_EARLY_WRITEBACK=0 turns it off): the same save without it.
   void save_without_early_writeback(const std::string& h5) {
@@ -363,6 +377,8 @@ Options parse(int argc, char** argv) {
       o.tensors = std::max(3, std::stoi(v) / 3 * 3);
     else if (k == "--alignment")
       o.alignment = std::stoull(v);
+    else if (k == "--keep")
+      o.keep = v;
     else if (k == "--mpiio-hint")
       o.hints.push_back(parse_mpiio_hint(v));
     else
