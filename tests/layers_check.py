@@ -44,6 +44,8 @@ INTERNALS_MEASURED = {
     "tools/bench/hash_bench.cpp": "times the checksum kernels themselves (XXH3 scalar vs AVX2, the hash buffer)",
     "tools/bench/async_bench.cpp": "times AsyncCheckpointer's phases (copy to host buffers, background write)",
     "tools/bench/manifest_bench.cpp": "times the manifest read with and without docs/FORMAT.md's rules",
+    "tools/bench/load_bench.cpp": "counts a load's HDF5 opens and coalesced reads per rank (the library's test counters)",
+    "tools/bench/template_save.cpp": "hashes the data of a prototype template save with the library's XXH3",
 }
 
 

@@ -101,8 +101,9 @@ struct CheckpointManifest {
   uint64_t tensor_bytes = 0;                       // model + optimizer state
 };
 
-// Collective. Reads only metadata (rank 0 reads, HDF5 broadcasts). Throws CheckpointError naming the file for
-// a non-HDF5 file, a non-h5ddp file or an unsupported format version. A load that needs the manifest to
+// Collective. Rank 0 reads the metadata (and the small datasets) and broadcasts them: the other ranks do not open
+// the file. Throws the same CheckpointError on every rank, naming the file, for a non-HDF5 file, a non-h5ddp file,
+// an unsupported format version or a file that breaks a rule of docs/FORMAT.md. A load that needs the manifest to
 // allocate its destinations takes it from load_checkpoint's `destinations` callback instead (one open).
 CheckpointManifest read_manifest(MpiComm& comm, const std::string& path);
 

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "checkpoint/errors.hpp"
+#include "checkpoint/load_source.hpp"
 #include "checkpoint/rules.hpp"
 #include "h5ddp/error.hpp"
 #include "h5ddp/format.hpp"
@@ -243,10 +244,7 @@ std::vector<DatasetPlan> manifest_datasets(hid_t f, const CheckpointManifest& m)
 }  // namespace ckpt
 
 CheckpointManifest read_manifest(MpiComm& comm, const std::string& path) {
-  h5::Handle f = ckpt::open_checkpoint(&comm, path);
-  CheckpointManifest m;
-  comm.rethrow_first(ckpt::checkpoint_error_of([&] { m = ckpt::read_manifest_from(f, path); }));
-  return m;
+  return ckpt::read_load_source(comm, path).manifest;
 }
 
 CheckpointManifest read_manifest_serial(const std::string& path) {
