@@ -250,14 +250,6 @@ SmallDataset read_small(hid_t f, const std::string& path, const std::string& fil
   });
 }
 
-std::vector<const char*> small_paths(const CheckpointManifest& m) {
-  std::vector<const char*> out = {format::kTrainStep,       format::kTrainEpoch, format::kTrainSamplesConsumed,
-                                  format::kDataSeed,        format::kDataEpoch,  format::kDataPosition,
-                                  format::kDataGlobalBatch, format::kRngCpu};
-  if (m.rng_cuda_bytes) out.push_back(format::kRngCuda);
-  return out;
-}
-
 // Scheduler and meta attributes (rank 0, through HDF5).
 void read_attributes(hid_t f, const std::string& path, TrainState& s) {
   with_context("reading " + std::string(format::kSchedulerGroup) + " from " + path, [&] {
@@ -303,7 +295,7 @@ std::string read_on_reader(const std::string& path) {
   LoadSource s;
   s.manifest = manifest_of(facts);
   std::vector<SmallDataset> small;
-  for (const char* p : small_paths(s.manifest)) small.push_back(read_small(f, p, path));
+  for (const char* p : small_dataset_paths(s.manifest)) small.push_back(read_small(f, p, path));
   read_attributes(f, path, s.small);
   raw_offsets(facts, s);
   tm.mark("small+offsets");
@@ -349,7 +341,7 @@ void small_state_of(const std::vector<SmallDataset>& small, LoadSource& s, int r
                             std::to_string(rank) + " (the bytes rank 0 read and sent)");
     by_path[d.plan.path] = &d;
   }
-  for (const char* p : small_paths(s.manifest))
+  for (const char* p : small_dataset_paths(s.manifest))
     if (!by_path.count(p)) throw CheckpointError(file + ": required dataset " + std::string(p) + " is missing");
   TrainState& t = s.small;
   t.counters.step = scalar<int64_t>(by_path, format::kTrainStep, file);
@@ -363,6 +355,14 @@ void small_state_of(const std::vector<SmallDataset>& small, LoadSource& s, int r
 }
 
 }  // namespace
+
+std::vector<const char*> small_dataset_paths(const CheckpointManifest& m) {
+  std::vector<const char*> out = {format::kTrainStep,       format::kTrainEpoch, format::kTrainSamplesConsumed,
+                                  format::kDataSeed,        format::kDataEpoch,  format::kDataPosition,
+                                  format::kDataGlobalBatch, format::kRngCpu};
+  if (m.rng_cuda_bytes) out.push_back(format::kRngCuda);
+  return out;
+}
 
 LoadSource read_load_source(MpiComm& comm, const std::string& path) {
   std::string wire;

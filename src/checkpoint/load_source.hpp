@@ -34,6 +34,9 @@ struct LoadSource {
   bool raw = false;
 };
 
+// The small datasets every file holds (counters, data position, generators; /rng/cuda when the manifest has it).
+std::vector<const char*> small_dataset_paths(const CheckpointManifest& m);
+
 // Collective. The checkpoint's manifest, small state and raw offsets, read by rank 0 and shared with one broadcast
 // (MPI's tree: log2(ranks) steps). A file that is missing, not a checkpoint, damaged (a rule of docs/FORMAT.md
 // broken, a small dataset whose bytes do not give its xxh3): the same CheckpointError on every rank, naming the

@@ -358,6 +358,20 @@ std::string read_own_share(hid_t f, const std::vector<DatasetPlan>& plan, const 
   return error;
 }
 
+// Share + exchange, once every byte is in: the datasets with verify_here[i] go to the background hasher (the test
+// hook load_flip first damages this rank's copy of the first non-empty one).
+void submit_exchanged(MpiComm& comm, const std::vector<DatasetPlan>& plan, const std::vector<char>& verify_here,
+                      ckpt::BackgroundHasher& hasher) {
+  if (ckpt::fault_armed("load_flip", comm.rank()))
+    for (auto& d : plan)
+      if (d.nbytes() > 0) {
+        static_cast<char*>(d.dst)[0] ^= 1;
+        break;
+      }
+  for (size_t i = 0; i < plan.size(); ++i)
+    if (verify_here[i]) hasher.submit(i, plan[i].dst, plan[i].nbytes());
+}
+
 // Share + exchange: each rank reads its share, the ranks exchange them, then the datasets with verify_here[i]
 // go to the background hasher (their bytes are all in).
 void read_share_exchange(MpiComm& comm, hid_t f, const std::vector<DatasetPlan>& plan, const std::string& path,
@@ -372,14 +386,7 @@ void read_share_exchange(MpiComm& comm, hid_t f, const std::vector<DatasetPlan>&
     exchange_shares(comm, plan, segments);
     log::debug("load: exchange done at " + std::to_string(seconds_since(t0)));
   }
-  if (ckpt::fault_armed("load_flip", comm.rank()))
-    for (auto& d : plan)
-      if (d.nbytes() > 0) {
-        static_cast<char*>(d.dst)[0] ^= 1;
-        break;
-      }
-  for (size_t i = 0; i < plan.size(); ++i)
-    if (verify_here[i]) hasher.submit(i, plan[i].dst, plan[i].nbytes());
+  submit_exchanged(comm, plan, verify_here, hasher);
 }
 
 // File offsets of the tensor datasets, from rank 0's read of the metadata (ckpt::LoadSource::offsets).
@@ -467,14 +474,7 @@ void read_share_exchange_raw(MpiComm& comm, const Offsets& offsets, const std::v
   });
   comm.rethrow_first(ckpt::checkpoint_error(error));
   if (comm.size() > 1) exchange_shares(comm, plan, segments);
-  if (ckpt::fault_armed("load_flip", comm.rank()))
-    for (auto& d : plan)
-      if (d.nbytes() > 0) {
-        static_cast<char*>(d.dst)[0] ^= 1;
-        break;
-      }
-  for (size_t i = 0; i < plan.size(); ++i)
-    if (verify_here[i]) hasher.submit(i, plan[i].dst, plan[i].nbytes());
+  submit_exchanged(comm, plan, verify_here, hasher);
 }
 
 // Reads the tensors with the chosen strategy: at the file offsets rank 0 shared (`offsets`, when every tensor

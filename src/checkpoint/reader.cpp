@@ -230,11 +230,7 @@ std::vector<DatasetPlan> manifest_datasets(hid_t f, const CheckpointManifest& m)
     d.checksum = h5::read_attr_uint(ds, format::kAttrChecksum);
     out.push_back(std::move(d));
   }
-  std::vector<const char*> fixed = {format::kTrainStep,       format::kTrainEpoch, format::kTrainSamplesConsumed,
-                                    format::kDataSeed,        format::kDataEpoch,  format::kDataPosition,
-                                    format::kDataGlobalBatch, format::kRngCpu};
-  if (m.rng_cuda_bytes) fixed.push_back(format::kRngCuda);
-  for (const char* path : fixed) {
+  for (const char* path : small_dataset_paths(m)) {
     if (!h5::exists(f, path)) throw CheckpointError(m.path + ": required dataset " + path + " is missing");
     tensor(path, tensor_info(f, path, path));
   }
